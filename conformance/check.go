@@ -1,0 +1,204 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// C is one running case: it carries the case's context and traits and
+// records checks. Its methods must be called from the case's own goroutine
+// (like testing.T's FailNow): Fatal, Must and Skip abort the case.
+type C struct {
+	ctx    context.Context
+	traits Traits
+	t      *testing.T // nil outside go test
+	emit   func(kind, text string)
+
+	passed, failed int
+	skipReason     string
+}
+
+// Line kinds, as printed.
+const (
+	kindOK   = "ok"
+	kindFail = "FAIL"
+	kindNote = "note"
+	kindSkip = "skip"
+)
+
+// abortCase unwinds a case from Fatal, Must and Skip.
+type abortCase struct {
+	skip   bool
+	reason string
+}
+
+func (c *C) line(kind, text string) {
+	switch kind {
+	case kindOK:
+		c.passed++
+	case kindFail:
+		c.failed++
+	}
+	c.emit(kind, text)
+}
+
+// Check records a check of rule (an invariant such as "I3", or a named
+// property) that holds when cond is true.
+func (c *C) Check(rule, what string, cond bool, expected, actual any) bool {
+	kind := kindFail
+	if cond {
+		kind = kindOK
+	}
+	c.line(kind, fmt.Sprintf("[%s] %s (expected=%v, actual=%v)", rule, what, expected, actual))
+	return cond
+}
+
+// Equal records a check that expected and actual are equal.
+func (c *C) Equal(rule, what string, expected, actual any) bool {
+	return c.Check(rule, what, reflect.DeepEqual(expected, actual), expected, actual)
+}
+
+// Exposes records a negative-control check: it passes when the naive
+// design really showed its flaw on the backend (cond true), and fails when
+// the flaw did not show, since then the experiment proved nothing.
+func (c *C) Exposes(flaw string, cond bool, evidence string) bool {
+	if cond {
+		c.line(kindOK, "negative control exposes: "+flaw+" ("+evidence+")")
+	} else {
+		c.line(kindFail, "negative control did not expose: "+flaw+" ("+evidence+")")
+	}
+	return cond
+}
+
+// Notef prints an observation that is not a check.
+func (c *C) Notef(format string, args ...any) {
+	c.line(kindNote, fmt.Sprintf(format, args...))
+}
+
+// Fatalf records a failure and ends the case.
+func (c *C) Fatalf(format string, args ...any) {
+	c.line(kindFail, fmt.Sprintf(format, args...))
+	panic(abortCase{})
+}
+
+// Must ends the case when err is not nil; what says what was being done.
+func (c *C) Must(err error, what string) {
+	if err != nil {
+		c.Fatalf("%s: %v", what, err)
+	}
+}
+
+// Skip ends the case (or the current Section) as skipped, printing why.
+func (c *C) Skip(reason string) {
+	c.emit(kindSkip, reason)
+	panic(abortCase{skip: true, reason: reason})
+}
+
+// Section runs one part of a case. A Skip inside it skips only this part;
+// Fatal inside it ends only this part. Under go test it is a subtest.
+func (c *C) Section(name string, fn func(c *C)) {
+	if c.t == nil {
+		c.emit("", "-- "+name)
+		sub := &C{ctx: c.ctx, traits: c.traits, emit: c.emit}
+		sub.protect(func() { fn(sub) })
+		c.passed += sub.passed
+		c.failed += sub.failed
+		return
+	}
+	c.t.Run(sectionName(name), func(t *testing.T) {
+		sub := newTestC(c.ctx, c.traits, t)
+		sub.protect(func() { fn(sub) })
+		if sub.skipReason != "" && sub.passed == 0 && sub.failed == 0 {
+			t.Skip(sub.skipReason)
+		}
+	})
+}
+
+// protect runs fn, turning an abort into a return and a panic into a
+// failure.
+func (c *C) protect(fn func()) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if a, ok := r.(abortCase); ok {
+			if a.skip {
+				c.skipReason = a.reason
+			}
+			return
+		}
+		c.line(kindFail, fmt.Sprintf("panic: %v\n%s", r, debug.Stack()))
+	}()
+	fn()
+}
+
+func newTestC(ctx context.Context, traits Traits, t *testing.T) *C {
+	// t.Output keeps the article's line format: no file:line prefixes.
+	return &C{ctx: ctx, traits: traits, t: t, emit: func(kind, text string) {
+		if kind == kindFail {
+			t.Fail()
+		}
+		fmt.Fprintln(t.Output(), formatLine(kind, text))
+	}}
+}
+
+// formatLine renders one output line in the article's format.
+func formatLine(kind, text string) string {
+	if kind == "" {
+		return "  " + text
+	}
+	return fmt.Sprintf("  %-4s %s", kind, text)
+}
+
+func sectionName(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == ' ' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// Token checks.
+
+// FirstToken checks the first token a fresh lease issues.
+func (c *C) FirstToken(what string, got leasecore.Token) {
+	if c.traits.TokenStep == 1 {
+		c.Equal("I2", what, "token=1", fmt.Sprintf("token=%d", got))
+		return
+	}
+	c.Check("I2", what, got > 0, "token>0", fmt.Sprintf("token=%d", got))
+}
+
+// NextToken checks that got follows prev: exactly prev+step when the
+// backend declares a step, strictly greater otherwise.
+func (c *C) NextToken(what string, prev, got leasecore.Token) {
+	if step := c.traits.TokenStep; step != 0 {
+		c.Equal("I2", what, fmt.Sprintf("token=%d", prev+step), fmt.Sprintf("token=%d", got))
+		return
+	}
+	c.Check("I2", what, got > prev, fmt.Sprintf("token>%d", prev), fmt.Sprintf("token=%d", got))
+}
+
+// ttl returns base, or the backend's minimum TTL when that is larger, so
+// timings scale with what the backend honours.
+func (c *C) ttl(base time.Duration) time.Duration {
+	return max(base, c.traits.MinTTL)
+}
+
+// scale returns d stretched by the same factor ttl(base) stretched base.
+func (c *C) scale(d, base time.Duration) time.Duration {
+	t := c.ttl(base)
+	if t == base {
+		return d
+	}
+	return time.Duration(float64(d) * float64(t) / float64(base))
+}

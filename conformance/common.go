@@ -1,0 +1,178 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// The scenario of the article: a daily report job with one scope and two
+// parts, run by holders holder-a and holder-b.
+const (
+	leaseName   = "daily-report"
+	scope       = "daily-report"
+	partSummary = "summary"
+	partDetail  = "detail"
+	holderA     = "holder-a"
+	holderB     = "holder-b"
+)
+
+// openLease opens a lease client and its inspector, or ends the case.
+func (c *C) openLease(h Harness) (leasecore.Lease, leasecore.LeaseInspector) {
+	l, err := h.OpenLease(c.ctx)
+	c.Must(err, "open lease client")
+	insp, ok := l.(leasecore.LeaseInspector)
+	if !ok {
+		c.Fatalf("the harness's lease client %T does not implement leasecore.LeaseInspector", l)
+	}
+	return l, insp
+}
+
+// openResource opens a fenced resource client, or ends the case.
+func (c *C) openResource(h Harness) Resource {
+	r, err := h.OpenResource(c.ctx)
+	c.Must(err, "open fenced resource")
+	return r
+}
+
+// write performs one write, ending the case on an error (a rejection is
+// not an error).
+func (c *C) write(r leasecore.FencedResource, w leasecore.Write) leasecore.Result {
+	res, err := r.Write(c.ctx, w)
+	c.Must(err, fmt.Sprintf("write %s/%s by %s with token %d", w.Scope, w.Part, w.Writer, w.Token))
+	return res
+}
+
+// readPart reads a part, ending the case on an error.
+func (c *C) readPart(r leasecore.ResourceReader, scope, part string) (leasecore.StoredPart, bool) {
+	p, ok, err := r.ReadPart(c.ctx, scope, part)
+	c.Must(err, fmt.Sprintf("read part %s/%s", scope, part))
+	return p, ok
+}
+
+// floor reads a scope's floor, ending the case on an error.
+func (c *C) floor(r leasecore.ResourceReader, scope string) leasecore.Token {
+	f, err := r.Floor(c.ctx, scope)
+	c.Must(err, "read floor of "+scope)
+	return f
+}
+
+// describePart renders a part the way the article's notes do.
+func describePart(p leasecore.StoredPart, ok bool) string {
+	if !ok {
+		return "(none)"
+	}
+	return fmt.Sprintf("%s by %s token=%d", p.Content, p.Writer, p.Token)
+}
+
+// waitFree polls the backend until the lease is no longer held by its own
+// clock, and returns how long that took. The suite never decides expiry by
+// its own clock; it asks the backend.
+func (c *C) waitFree(insp leasecore.LeaseInspector, name string, ttl time.Duration) time.Duration {
+	start := time.Now()
+	limit := 3*ttl + 5*time.Second
+	poll := max(ttl/100, 5*time.Millisecond)
+	for {
+		st, err := insp.Inspect(c.ctx, name)
+		c.Must(err, "inspect lease "+name)
+		if !st.Held {
+			return time.Since(start)
+		}
+		if time.Since(start) > limit {
+			c.Fatalf("lease %s still held after %v (ttl %v): it never expired", name, time.Since(start).Round(time.Millisecond), ttl)
+		}
+		select {
+		case <-c.ctx.Done():
+			c.Fatalf("waiting for lease %s to expire: %v", name, c.ctx.Err())
+		case <-time.After(poll):
+		}
+	}
+}
+
+// errKind names the sentinel an error wraps, for output.
+func errKind(err error) string {
+	switch {
+	case err == nil:
+		return "nil"
+	case errors.Is(err, leasecore.ErrHeld):
+		return "ErrHeld"
+	case errors.Is(err, leasecore.ErrLost):
+		return "ErrLost"
+	case errors.Is(err, leasecore.ErrInvalidArgument):
+		return "ErrInvalidArgument"
+	case errors.Is(err, leasecore.ErrUnavailable):
+		return "ErrUnavailable"
+	default:
+		return "error: " + err.Error()
+	}
+}
+
+// latch pauses one writer inside a Gap until opened: the CountDownLatch of
+// the article's interleavings.
+type latch struct {
+	writer  string
+	paused  chan struct{} // closed when the writer reached the gap
+	release chan struct{} // closed to let it go on
+	once    sync.Once
+}
+
+func newLatch(writer string) *latch {
+	return &latch{writer: writer, paused: make(chan struct{}), release: make(chan struct{})}
+}
+
+// gap is the Gap: it blocks the latch's writer, lets every other pass.
+func (l *latch) gap(ctx context.Context, w leasecore.Write) error {
+	if w.Writer != l.writer {
+		return nil
+	}
+	l.once.Do(func() { close(l.paused) })
+	select {
+	case <-l.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// waitPaused waits until the latch's writer is inside the gap.
+func (c *C) waitPaused(l *latch) {
+	select {
+	case <-l.paused:
+	case <-time.After(30 * time.Second):
+		c.Fatalf("%s never reached the gap", l.writer)
+	case <-c.ctx.Done():
+		c.Fatalf("waiting for %s to reach the gap: %v", l.writer, c.ctx.Err())
+	}
+}
+
+// outcome is a write's result delivered from another goroutine.
+type outcome struct {
+	res leasecore.Result
+	err error
+}
+
+// goWrite starts a write in its own goroutine.
+func goWrite(ctx context.Context, r leasecore.FencedResource, w leasecore.Write) <-chan outcome {
+	ch := make(chan outcome, 1)
+	go func() {
+		res, err := r.Write(ctx, w)
+		ch <- outcome{res, err}
+	}()
+	return ch
+}
+
+// await receives a write's outcome, ending the case on an error.
+func (c *C) await(ch <-chan outcome, what string) leasecore.Result {
+	select {
+	case o := <-ch:
+		c.Must(o.err, what)
+		return o.res
+	case <-c.ctx.Done():
+		c.Fatalf("%s: %v", what, c.ctx.Err())
+	}
+	return leasecore.Result{}
+}

@@ -1,0 +1,26 @@
+// Package conformance provides a conformance suite for implementations of
+// leasecore: lease services that issue fencing tokens and resources that
+// check them.
+//
+// A backend author writes one test file with an unexported Harness, a
+// NewHarness function and a one-line test:
+//
+//	func TestConformance(t *testing.T) { conformance.Run(t, newHarness) }
+//
+// Each case of the suite (F1, F2, ...) is one experiment of the design
+// article: the normal path, the long-transaction clock, concurrent acquire,
+// the paused stale holder, the check-then-write race, fence granularity,
+// a server crash, side effects that cannot be fenced. Each check prints
+// "ok", "FAIL" or "note" with the invariant it verifies (I1, I2, I3) and the
+// expected and actual values. Negative controls run the same timelines
+// against designs that look plausible and fail, and pass only when the
+// failure really happens on the backend.
+//
+// Report runs the same cases outside "go test" and writes the article's
+// line format, ending in "SUMMARY passed=N failed=M".
+//
+// Abilities only some backends have are optional interfaces of the Harness.
+// A case skips only for an ability the backend declares absent (Traits.Absent),
+// printing the reason; an ability neither implemented nor declared absent
+// fails the case.
+package conformance

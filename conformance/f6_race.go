@@ -1,0 +1,105 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// caseF6 runs one interleaving against two designs. (a) check-then-write,
+// a negative control: A (token 1) reads the floor and pauses; B (token 2)
+// reads the same floor, writes; A resumes and writes, moving the floor back.
+// (b) the conditional floor update: A advances the floor and pauses before
+// committing; B waits on A's lock and, once A commits, is judged against
+// the advanced floor. Both orders keep I3.
+func caseF6(ctx context.Context, c *C, h Harness) {
+	a := func(scope string) leasecore.Write {
+		return leasecore.Write{Scope: scope, Part: partSummary, Content: "old(A)", Writer: holderA, Token: 1}
+	}
+	b := func(scope string) leasecore.Write {
+		return leasecore.Write{Scope: scope, Part: partSummary, Content: "new(B)", Writer: holderB, Token: 2}
+	}
+
+	c.Section("a: check-then-write (negative control)", func(c *C) {
+		controls := need[NegativeControls](c, h, AbilityNegativeControls)
+		const scope = "daily-report-f6a"
+		l := newLatch(holderA)
+		res, err := controls.CheckThenWriteResource(ctx, l.gap)
+		c.Must(err, "open the check-then-write resource")
+
+		aDone := goWrite(ctx, res, a(scope))
+		c.waitPaused(l) // A has read the floor (0) and decided to write
+		rb := c.write(res, b(scope))
+		close(l.release)
+		ra := c.await(aDone, "A's write")
+
+		floor := c.floor(res, scope)
+		p, ok := c.readPart(res, scope, partSummary)
+		c.Notef("check-then-write: B accepted=%t, A accepted=%t, final %s, floor=%d", rb.Accepted, ra.Accepted, describePart(p, ok), floor)
+		c.Exposes("A's check was stale when it wrote: the old token overwrote the new result and the floor moved back from 2 to 1",
+			ra.Accepted && floor == 1 && ok && p.Token == 1,
+			fmt.Sprintf("floor=%d, summary=%s", floor, describePart(p, ok)))
+	})
+
+	c.Section("b: conditional floor update", func(c *C) {
+		gapper := need[CommitGapResources](c, h, AbilityCommitGap)
+		probe := need[LockWaitProbe](c, h, AbilityLockWaitProbe)
+		for _, order := range []struct {
+			name          string
+			first, second leasecore.Write
+		}{
+			{"A then B", a("daily-report-f6b-ab"), b("daily-report-f6b-ab")},
+			{"B then A", b("daily-report-f6b-ba"), a("daily-report-f6b-ba")},
+		} {
+			first, second := order.first, order.second
+			l := newLatch(first.Writer)
+			res, err := gapper.FencedResourceWithGap(ctx, l.gap)
+			c.Must(err, "open the fenced resource with a commit gap")
+
+			firstDone := goWrite(ctx, res, first)
+			c.waitPaused(l) // first has advanced the floor, not committed
+			secondDone := goWrite(ctx, res, second)
+			waits := c.waitLockWait(probe)
+			c.Check("I3", fmt.Sprintf("%s: %s's write waits for the floor lock held by %s's open transaction", order.name, second.Writer, first.Writer),
+				len(waits) > 0, "a lock wait", fmt.Sprint(waits))
+			select {
+			case o := <-secondDone:
+				c.Fatalf("%s: %s's write returned (%+v) while %s's transaction was still open", order.name, second.Writer, o, first.Writer)
+			default:
+			}
+			close(l.release)
+			r1 := c.await(firstDone, first.Writer+"'s write")
+			r2 := c.await(secondDone, second.Writer+"'s write")
+
+			floor := c.floor(res, first.Scope)
+			p, ok := c.readPart(res, first.Scope, partSummary)
+			c.Notef("%s: %s accepted=%t, %s accepted=%t, final %s, floor=%d", order.name,
+				first.Writer, r1.Accepted, second.Writer, r2.Accepted, describePart(p, ok), floor)
+			wantSecond := second.Token >= first.Token
+			c.Equal("I3", fmt.Sprintf("%s: the second writer (token %d) is judged against the advanced floor", order.name, second.Token),
+				fmt.Sprintf("first=true second=%t", wantSecond), fmt.Sprintf("first=%t second=%t", r1.Accepted, r2.Accepted))
+			c.Equal("I3", order.name+": the final data is token 2's and the floor is 2",
+				"new(B) by holder-b token=2, floor=2", fmt.Sprintf("%s, floor=%d", describePart(p, ok), floor))
+		}
+	})
+}
+
+// waitLockWait polls the probe until some write waits for a lock. It
+// observes the wait instead of assuming it after a sleep.
+func (c *C) waitLockWait(probe LockWaitProbe) []string {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		waits, err := probe.LockWaits(c.ctx)
+		c.Must(err, "probe lock waits")
+		if len(waits) > 0 || time.Now().After(deadline) {
+			return waits
+		}
+		select {
+		case <-c.ctx.Done():
+			return nil
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}

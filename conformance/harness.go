@@ -1,0 +1,169 @@
+package conformance
+
+import (
+	"context"
+	"os/exec"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// NewHarness returns a Harness whose lease service and resource start
+// empty. The suite calls it once per case.
+type NewHarness func(ctx context.Context) (Harness, error)
+
+// Harness gives the suite access to one backend (or one pairing of a lease
+// backend with a resource backend). It stays small on purpose: abilities
+// only some backends have are optional interfaces, found by type assertion
+// (LongTransactions, CommitGapResources, LockWaitProbe, NegativeControls,
+// HolderProcesses, CrashRestarter). A backend that deliberately lacks one
+// declares it in Traits.Absent; a case that needs an ability the harness
+// neither implements nor declares absent fails, so nothing passes by being
+// forgotten.
+type Harness interface {
+	// Traits describes the backend.
+	Traits() Traits
+
+	// OpenLease returns a new client of the lease service with its own
+	// connection (the suite opens 16 of them for the concurrent-acquire
+	// case). All clients of one Harness see the same leases. The client
+	// must also implement leasecore.LeaseInspector. The Harness closes it
+	// in Close.
+	OpenLease(ctx context.Context) (leasecore.Lease, error)
+
+	// OpenResource returns a new client of the fenced resource. All
+	// clients of one Harness see the same state. The Harness closes it in
+	// Close.
+	OpenResource(ctx context.Context) (Resource, error)
+
+	// Close releases everything the Harness opened.
+	Close() error
+}
+
+// Resource is a fenced resource the suite can also read back.
+type Resource interface {
+	leasecore.FencedResource
+	leasecore.ResourceReader
+}
+
+// Traits describes what a backend is and does.
+type Traits struct {
+	// Name identifies the configuration in output, e.g. "postgres/pgx".
+	Name string
+	// MinTTL is the shortest TTL the lease service honours. The suite
+	// scales its timings from it (see scaledTTL).
+	MinTTL time.Duration
+	// TokenStep is 1 when every acquire issues exactly the previous
+	// token + 1 (PostgreSQL); 0 when tokens only increase strictly (etcd
+	// revisions). The suite then checks "strictly greater" instead of "+1".
+	TokenStep leasecore.Token
+	// Absent lists abilities the backend deliberately lacks, with the
+	// reason printed when a case skips because of it.
+	Absent map[Ability]string
+}
+
+// Ability names an optional ability a case may need.
+type Ability string
+
+// The optional abilities.
+const (
+	AbilityLongTransaction  Ability = "long transaction"  // LongTransactions (F2)
+	AbilityCommitGap        Ability = "commit gap"        // CommitGapResources (F6b)
+	AbilityLockWaitProbe    Ability = "lock-wait probe"   // LockWaitProbe (F6b)
+	AbilityNegativeControls Ability = "negative controls" // NegativeControls (F5, F6a, F7, F9)
+	AbilityHolderProcesses  Ability = "holder processes"  // HolderProcesses (F4, F5)
+	AbilityCrashRestart     Ability = "crash and restart" // CrashRestarter (F8)
+)
+
+// LongTransactions is an optional interface that may be implemented by a
+// Harness whose lease store is transactional (F2). Without it, and with the
+// ability declared absent, F2's long-transaction checks skip.
+type LongTransactions interface {
+	// BeginLongTransaction opens a transaction on a connection of its own
+	// and keeps it open until Rollback.
+	BeginLongTransaction(ctx context.Context) (LongTransaction, error)
+}
+
+// LongTransaction is an open transaction on the lease store.
+type LongTransaction interface {
+	// Now returns the transaction's clock (PostgreSQL now()).
+	Now(ctx context.Context) (time.Time, error)
+	// ClockNow returns the current time (PostgreSQL clock_timestamp()).
+	ClockNow(ctx context.Context) (time.Time, error)
+	// Acquire runs the lease service's acquire statement inside this
+	// transaction, which a real lease store must never do.
+	Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error)
+	// Rollback ends the transaction and frees its connection.
+	Rollback(ctx context.Context) error
+}
+
+// Gap is a test hook a resource calls inside a write. It returns when the
+// test lets the write go on; an error abandons the write.
+type Gap func(ctx context.Context, w leasecore.Write) error
+
+// CommitGapResources is an optional interface that may be implemented by a
+// Harness whose fenced write is a transaction (F6b).
+type CommitGapResources interface {
+	// FencedResourceWithGap returns a client of the same fenced resource
+	// that calls gap inside each write, after the floor has been compared
+	// and advanced and before the write commits, so that the write holds
+	// whatever it locks while gap runs.
+	FencedResourceWithGap(ctx context.Context, gap Gap) (Resource, error)
+}
+
+// LockWaitProbe is an optional interface that may be implemented by a
+// Harness (F6b). It lets the suite observe, rather than assume after a
+// sleep, that a write is blocked behind another.
+type LockWaitProbe interface {
+	// LockWaits describes the resource's writes currently waiting for a
+	// lock, e.g. "wait_event_type=Lock wait_event=transactionid"; empty
+	// when none waits.
+	LockWaits(ctx context.Context) ([]string, error)
+}
+
+// NegativeControls is an optional interface that may be implemented by a
+// Harness. Its resources are counterexamples: designs that look plausible
+// and fail. The suite shows each failing on the backend itself, next to the
+// fenced resource passing the same timeline. Each resource shares the
+// fenced resource's storage; its Floor reads the same floor.
+type NegativeControls interface {
+	// UnfencedResource ignores tokens: a plain upsert (F5).
+	UnfencedResource(ctx context.Context) (Resource, error)
+	// CheckThenWriteResource reads the floor, decides, then writes the
+	// floor and the data as separate steps; gap runs after the decision
+	// and before the writes (F6a).
+	CheckThenWriteResource(ctx context.Context, gap Gap) (Resource, error)
+	// RowFencedResource compares the token with the stored part's token
+	// only, with no scope floor (F7).
+	RowFencedResource(ctx context.Context) (Resource, error)
+	// IdempotentPublisher stands in for an external side effect that only
+	// deduplicates by business key (Scope, Part): the first write of a key
+	// is accepted, every later one dropped, tokens ignored (F9).
+	IdempotentPublisher(ctx context.Context) (Resource, error)
+}
+
+// ResourceKind selects the resource a holder process writes to.
+type ResourceKind string
+
+// Resource kinds for holder processes.
+const (
+	KindFenced   ResourceKind = "fenced"
+	KindUnfenced ResourceKind = "unfenced"
+)
+
+// HolderProcesses is an optional interface that may be implemented by a
+// Harness (F4, F5). The command it returns runs RunHolder in a separate OS
+// process connected to the same lease service and resource.
+type HolderProcesses interface {
+	HolderCommand(ctx context.Context, kind ResourceKind) (*exec.Cmd, error)
+}
+
+// CrashRestarter is an optional interface that may be implemented by a
+// Harness (F8). It crashes the backend's server without letting it flush
+// or checkpoint, and starts it again on the same data.
+type CrashRestarter interface {
+	// CrashRestart returns how the crash was done, for the output (e.g.
+	// "SIGQUIT to the postmaster: immediate shutdown, WAL recovery"), and
+	// the downtime.
+	CrashRestart(ctx context.Context) (how string, downtime time.Duration, err error)
+}

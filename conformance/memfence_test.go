@@ -1,0 +1,151 @@
+package conformance_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/memfence"
+)
+
+// memHarness runs the suite against the in-memory reference backend. It is
+// also the smallest example of a harness.
+type memHarness struct {
+	leases *memfence.Leases
+	res    *memfence.Resource
+	ctl    *memControls
+}
+
+func newMemHarness(context.Context) (conformance.Harness, error) {
+	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), ctl: newMemControls()}, nil
+}
+
+func (h *memHarness) Traits() conformance.Traits {
+	return conformance.Traits{
+		Name:      "memfence",
+		MinTTL:    memfence.MinTTL,
+		TokenStep: 1,
+		Absent: map[conformance.Ability]string{
+			conformance.AbilityLongTransaction: "an in-memory map has no transactions and one clock",
+			conformance.AbilityHolderProcesses: "in-memory state is not shared with other processes",
+			conformance.AbilityCrashRestart:    "in-memory state does not survive a crash",
+		},
+	}
+}
+
+func (h *memHarness) OpenLease(context.Context) (leasecore.Lease, error) { return h.leases, nil }
+
+func (h *memHarness) OpenResource(context.Context) (conformance.Resource, error) { return h.res, nil }
+
+func (h *memHarness) Close() error { return nil }
+
+func (h *memHarness) FencedResourceWithGap(_ context.Context, gap conformance.Gap) (conformance.Resource, error) {
+	return h.res.Client(memfence.WithCommitGap(gap)), nil
+}
+
+func (h *memHarness) LockWaits(context.Context) ([]string, error) {
+	if n := h.res.LockWaits(); n > 0 {
+		return []string{fmt.Sprintf("%d write(s) waiting for the resource mutex", n)}, nil
+	}
+	return nil, nil
+}
+
+func (h *memHarness) UnfencedResource(context.Context) (conformance.Resource, error) {
+	return h.ctl.resource(func(ctx context.Context, w leasecore.Write) (bool, error) { return true, nil }), nil
+}
+
+func (h *memHarness) CheckThenWriteResource(_ context.Context, gap conformance.Gap) (conformance.Resource, error) {
+	c := h.ctl
+	return c.resource(func(ctx context.Context, w leasecore.Write) (bool, error) {
+		c.mu.Lock()
+		floor := c.floors[w.Scope] // step 1: read the floor
+		c.mu.Unlock()
+		if w.Token < floor {
+			return false, nil
+		}
+		if err := gap(ctx, w); err != nil { // the decision goes stale here
+			return false, err
+		}
+		c.mu.Lock()
+		c.floors[w.Scope] = w.Token // step 2: write the floor, unconditionally
+		c.mu.Unlock()
+		return true, nil
+	}), nil
+}
+
+func (h *memHarness) RowFencedResource(context.Context) (conformance.Resource, error) {
+	c := h.ctl
+	return c.resource(func(ctx context.Context, w leasecore.Write) (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		old, ok := c.parts[[2]string{w.Scope, w.Part}]
+		return !ok || old.Token <= w.Token, nil
+	}), nil
+}
+
+func (h *memHarness) IdempotentPublisher(context.Context) (conformance.Resource, error) {
+	c := h.ctl
+	return c.resource(func(ctx context.Context, w leasecore.Write) (bool, error) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		_, ok := c.parts[[2]string{w.Scope, w.Part}]
+		return !ok, nil
+	}), nil
+}
+
+// memControls holds the state of the in-memory negative controls. Each
+// control decides with its own (flawed) rule, then stores the part.
+type memControls struct {
+	mu     sync.Mutex
+	floors map[string]leasecore.Token
+	parts  map[[2]string]leasecore.StoredPart
+}
+
+func newMemControls() *memControls {
+	return &memControls{floors: map[string]leasecore.Token{}, parts: map[[2]string]leasecore.StoredPart{}}
+}
+
+type memControl struct {
+	*memControls
+	decide func(ctx context.Context, w leasecore.Write) (bool, error)
+}
+
+func (c *memControls) resource(decide func(context.Context, leasecore.Write) (bool, error)) *memControl {
+	return &memControl{c, decide}
+}
+
+func (c *memControl) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	ok, err := c.decide(ctx, w)
+	if err != nil || !ok {
+		return leasecore.Result{}, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.parts[[2]string{w.Scope, w.Part}] = leasecore.StoredPart{Scope: w.Scope, Part: w.Part, Content: w.Content,
+		Writer: w.Writer, Token: w.Token, WrittenAt: time.Now()}
+	return leasecore.Result{Accepted: true, Floor: c.floors[w.Scope]}, nil
+}
+
+func (c *memControl) Floor(_ context.Context, scope string) (leasecore.Token, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.floors[scope], nil
+}
+
+func (c *memControl) ReadPart(_ context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.parts[[2]string{scope, part}]
+	return p, ok, nil
+}
+
+func (c *memControl) Attempts(context.Context, string) ([]leasecore.Attempt, error) { return nil, nil }
+
+func TestConformance(t *testing.T) { conformance.Run(t, newMemHarness) }

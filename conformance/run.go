@@ -1,0 +1,170 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// testCase is one experiment of the suite.
+type testCase struct {
+	id    string // "F1"
+	name  string // subtest name, "F1_normal_path"
+	title string // header text
+	run   func(ctx context.Context, c *C, h Harness)
+}
+
+// cases lists the suite in order. Each case lives in its own file.
+var cases = []testCase{
+	{"F1", "F1_normal_path", "normal path: acquire -> write -> renew -> release -> the next holder acquires a larger token and writes", caseF1},
+	{"F2", "F2_long_transaction_now", "long transaction: now() stands still; an equal token writes again", caseF2},
+	{"F3", "F3_concurrent_acquire", "concurrent acquire: 16 clients behind a barrier, three rounds (fresh, valid, expired)", caseF3},
+	{"F6", "F6_check_then_write_race", "check-then-write race: separate read and write vs the conditional floor update", caseF6},
+	{"F7", "F7_fence_granularity", "fence granularity: a stale holder writes a part the new holder never touched", caseF7},
+	{"F9", "F9_unfenceable_side_effects", "side effects that cannot be fenced: deduplication keeps the first, not the newest", caseF9},
+}
+
+// caseTimeout bounds one case; it grows with the backend's minimum TTL.
+func caseTimeout(t Traits) time.Duration {
+	return 2*time.Minute + 30*t.MinTTL
+}
+
+// Run runs every case of the suite as a subtest of t, each with a fresh
+// Harness from newHarness: t.Run("F1_normal_path", ...), and so on.
+func Run(t *testing.T, newHarness NewHarness) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := runCase(t.Context(), tc, newHarness, func(traits Traits) *C {
+				return newTestC(t.Context(), traits, t)
+			})
+			if c.skipReason != "" && c.passed == 0 && c.failed == 0 {
+				t.Skip(c.skipReason)
+			}
+		})
+	}
+}
+
+// runCase runs tc with a fresh harness; newC makes the case's C once the
+// harness's traits are known.
+func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC func(Traits) *C) *C {
+	// The harness is created under a bounded context, before the traits
+	// (and so the case timeout) are known.
+	setupCtx, cancelSetup := context.WithTimeout(parent, 2*time.Minute)
+	h, err := newHarness(setupCtx)
+	cancelSetup()
+	if err != nil {
+		c := newC(Traits{})
+		c.line(kindFail, "harness: "+err.Error())
+		return c
+	}
+	traits := h.Traits()
+	ctx, cancel := context.WithTimeout(parent, caseTimeout(traits))
+	defer cancel()
+	c := newC(traits)
+	c.ctx = ctx
+	c.protect(func() { tc.run(ctx, c, h) })
+	if err := h.Close(); err != nil {
+		c.line(kindFail, "harness close: "+err.Error())
+	}
+	return c
+}
+
+// need returns the harness's implementation of the optional interface T
+// for ability ab. When the harness lacks it and declares it absent, the
+// case (or section) skips with the declared reason; when it lacks it
+// without declaring so, the case fails.
+func need[T any](c *C, h Harness, ab Ability) T {
+	if v, ok := h.(T); ok {
+		return v
+	}
+	if reason, ok := c.traits.Absent[ab]; ok {
+		c.Skip(fmt.Sprintf("%s: %s", ab, reason))
+	}
+	var zero T
+	c.Fatalf("the harness neither implements %T (%s) nor declares it absent in Traits.Absent", &zero, ab)
+	return zero
+}
+
+// Summary is the result of Report.
+type Summary struct {
+	Passed, Failed, Skipped int
+	Cases                   []CaseResult
+}
+
+// CaseResult is the outcome of one case in Report.
+type CaseResult struct {
+	ID, Title      string
+	Passed, Failed int
+	Skipped        string // the reason, when the whole case skipped
+	Elapsed        time.Duration
+}
+
+// ReportOptions configures Report.
+type ReportOptions struct {
+	// Cases selects cases by ID ("F1", "F4", ...); empty runs all.
+	Cases []string
+	// Progress, when set, is called before each case starts (done false)
+	// and after it ends (done true, res filled in).
+	Progress func(index, total int, res CaseResult, done bool)
+}
+
+// Report runs the suite outside go test and writes the article's format to
+// w: a "CASE Fn :: title" header per case, one "ok", "FAIL", "note" or
+// "skip" line per check, and a final "SUMMARY passed=N failed=M" line. It
+// returns an error only when writing to w fails or a selected case does
+// not exist; check Summary.Failed for the verdict.
+func Report(ctx context.Context, w io.Writer, newHarness NewHarness, opts ReportOptions) (Summary, error) {
+	selected := cases
+	if len(opts.Cases) > 0 {
+		selected = nil
+		for _, id := range opts.Cases {
+			i := slices.IndexFunc(cases, func(tc testCase) bool { return strings.EqualFold(tc.id, id) })
+			if i < 0 {
+				return Summary{}, fmt.Errorf("conformance: no case %q: %w", id, leasecore.ErrInvalidArgument)
+			}
+			selected = append(selected, cases[i])
+		}
+	}
+	var sum Summary
+	var werr error
+	write := func(s string) {
+		if werr == nil {
+			_, werr = io.WriteString(w, s+"\n")
+		}
+	}
+	for i, tc := range selected {
+		if err := ctx.Err(); err != nil {
+			return sum, errors.Join(werr, err)
+		}
+		res := CaseResult{ID: tc.id, Title: tc.title}
+		if opts.Progress != nil {
+			opts.Progress(i, len(selected), res, false)
+		}
+		write(fmt.Sprintf("CASE %s :: %s", tc.id, tc.title))
+		start := time.Now()
+		c := runCase(ctx, tc, newHarness, func(traits Traits) *C {
+			return &C{ctx: ctx, traits: traits, emit: func(kind, text string) { write(formatLine(kind, text)) }}
+		})
+		res.Passed, res.Failed, res.Elapsed = c.passed, c.failed, time.Since(start)
+		if c.skipReason != "" && c.passed == 0 && c.failed == 0 {
+			res.Skipped = c.skipReason
+			sum.Skipped++
+		}
+		sum.Passed += c.passed
+		sum.Failed += c.failed
+		sum.Cases = append(sum.Cases, res)
+		if opts.Progress != nil {
+			opts.Progress(i, len(selected), res, true)
+		}
+	}
+	write(fmt.Sprintf("SUMMARY passed=%d failed=%d", sum.Passed, sum.Failed))
+	return sum, werr
+}

@@ -1,0 +1,32 @@
+package leasecore
+
+import "time"
+
+// Clock is the local clock a Session uses for its deadline and its renewal
+// timer. Tests inject a fake one to skew or freeze time; everything else
+// uses SystemClock. Times returned by Now must carry a monotonic reading
+// (as time.Now's do) when the clock can jump.
+type Clock interface {
+	Now() time.Time
+	NewTimer(d time.Duration) Timer
+}
+
+// Timer is the part of *time.Timer a Session needs.
+type Timer interface {
+	C() <-chan time.Time
+	Stop() bool
+}
+
+// SystemClock is the process's own clock: time.Now and time.NewTimer.
+var SystemClock Clock = systemClock{}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+func (systemClock) NewTimer(d time.Duration) Timer { return systemTimer{time.NewTimer(d)} }
+
+type systemTimer struct{ t *time.Timer }
+
+func (t systemTimer) C() <-chan time.Time { return t.t.C }
+func (t systemTimer) Stop() bool          { return t.t.Stop() }

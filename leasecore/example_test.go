@@ -1,0 +1,116 @@
+package leasecore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"strings"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/memfence"
+)
+
+// The whole call sequence against the in-memory backend: a session per
+// instance, every write carrying the session's token, a second instance
+// turned away while the lease is held, and a stale write rejected by the
+// resource after a newer holder wrote.
+func Example() {
+	ctx := context.Background()
+	leases := memfence.NewLeases(nil) // the lease service
+	reports := memfence.NewResource() // the protected resource
+	opts := []leasecore.SessionOption{
+		leasecore.WithTTL(15 * time.Second),
+		leasecore.WithMargin(3 * time.Second),                // local deadline 12 s after the acquire was sent
+		leasecore.WithRenewInterval(3750 * time.Millisecond), // renew at about TTL/4
+	}
+
+	a, err := leasecore.NewSession(ctx, leases, "report-job", "holder-a", opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holder-a token:", a.Token())
+	res, err := reports.Write(ctx, leasecore.Write{
+		Scope: "daily-report", Part: "summary", Content: "report by a",
+		Writer: "holder-a", Token: a.Token(),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("holder-a writes summary: accepted=%v floor=%d\n", res.Accepted, res.Floor)
+
+	// Another instance finds the lease held: the normal outcome, not a failure.
+	_, err = leasecore.NewSession(ctx, leases, "report-job", "holder-b", opts...)
+	fmt.Println("holder-b while held:", errors.Is(err, leasecore.ErrHeld))
+
+	// holder-a finishes; Close releases, so holder-b need not wait for the TTL.
+	staleToken := a.Token()
+	if err := a.Close(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("holder-a closed:", errors.Is(a.Err(), leasecore.ErrClosed))
+
+	b, err := leasecore.NewSession(ctx, leases, "report-job", "holder-b", opts...)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer b.Close(ctx)
+	fmt.Println("holder-b token:", b.Token())
+	res, err = reports.Write(ctx, leasecore.Write{
+		Scope: "daily-report", Part: "summary", Content: "report by b",
+		Writer: "holder-b", Token: b.Token(),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("holder-b writes summary: accepted=%v floor=%d\n", res.Accepted, res.Floor)
+
+	// A write with holder-a's old token, as a holder paused before its write
+	// would send it, is a result, not an error: rejected, also for a part
+	// holder-b never touched.
+	res, err = reports.Write(ctx, leasecore.Write{
+		Scope: "daily-report", Part: "detail", Content: "stale report by a",
+		Writer: "holder-a", Token: staleToken,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("stale holder-a writes detail: accepted=%v floor=%d\n", res.Accepted, res.Floor)
+
+	p, _, _ := reports.ReadPart(ctx, "daily-report", "summary")
+	fmt.Printf("summary: %q (token %d)\n", p.Content, p.Token)
+
+	// Output:
+	// holder-a token: 1
+	// holder-a writes summary: accepted=true floor=1
+	// holder-b while held: true
+	// holder-a closed: true
+	// holder-b token: 2
+	// holder-b writes summary: accepted=true floor=2
+	// stale holder-a writes detail: accepted=false floor=2
+	// summary: "report by b" (token 2)
+}
+
+// Bad input is rejected before anything is sent, with an error that names
+// the field and wraps ErrInvalidArgument.
+func ExampleCheckWrite() {
+	err := leasecore.CheckWrite(context.Background(), leasecore.Write{
+		Scope: "daily-report", Part: "summary", Content: "x", Writer: "holder-a", Token: 0,
+	})
+	var ae *leasecore.ArgError
+	if errors.As(err, &ae) {
+		fmt.Println("field:", ae.Field)
+	}
+	fmt.Println(errors.Is(err, leasecore.ErrInvalidArgument))
+	fmt.Println(err)
+
+	err = leasecore.CheckName("acquire", "holder", " holder-a"+strings.Repeat("x", 50))
+	fmt.Println(err)
+
+	// Output:
+	// field: token
+	// true
+	// leasecore: write: invalid token 0: must be positive (0 is never issued)
+	// leasecore: acquire: invalid holder " holder-axxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"...: must not begin or end with whitespace
+}

@@ -1,0 +1,3 @@
+module github.com/leasefence/leasefence/leasecore
+
+go 1.26.8

@@ -1,0 +1,145 @@
+// Package memfence is an in-memory lease service and fenced resource: the
+// reference backend of leasecore and the smallest example of adding one.
+//
+// It keeps every invariant within one process and nothing across a restart,
+// so it is for tests and for reading, never for production. The conformance
+// suite runs against it without a server; that never replaces the runs
+// against real servers.
+package memfence
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// MinTTL is the shortest TTL the in-memory lease service accepts.
+const MinTTL = time.Millisecond
+
+// Leases is an in-memory lease service. Its clock plays the server's clock.
+// The zero value is not usable; call NewLeases.
+type Leases struct {
+	now func() time.Time
+
+	mu   sync.Mutex
+	rows map[string]*leaseRow
+}
+
+type leaseRow struct {
+	holder   string
+	token    leasecore.Token
+	expires  time.Time
+	released bool
+}
+
+// NewLeases returns an empty lease service that uses now as its clock
+// (time.Now when nil).
+func NewLeases(now func() time.Time) *Leases {
+	if now == nil {
+		now = time.Now
+	}
+	return &Leases{now: now, rows: map[string]*leaseRow{}}
+}
+
+var (
+	_ leasecore.Lease          = (*Leases)(nil)
+	_ leasecore.LeaseInspector = (*Leases)(nil)
+)
+
+// Acquire implements leasecore.Lease.
+func (l *Leases) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	start := time.Now()
+	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
+		return leasecore.Grant{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	row := l.rows[name]
+	if row != nil && now.Before(row.expires) {
+		return leasecore.Grant{}, &leasecore.HoldError{Op: "acquire", Name: name, Holder: holder, Err: leasecore.ErrHeld}
+	}
+	if row == nil {
+		row = &leaseRow{}
+		l.rows[name] = row
+	}
+	row.holder, row.token, row.expires, row.released = holder, row.token+1, now.Add(ttl), false
+	return leasecore.Grant{Name: name, Holder: holder, Token: row.token, TTL: ttl, Start: start}, nil
+}
+
+// Renew implements leasecore.Lease.
+func (l *Leases) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
+	start := time.Now()
+	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
+		return leasecore.Grant{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	row, err := l.current("renew", g)
+	if err != nil {
+		return leasecore.Grant{}, err
+	}
+	row.expires = l.now().Add(g.TTL)
+	g.Start = start
+	return g, nil
+}
+
+// Release implements leasecore.Lease.
+func (l *Leases) Release(ctx context.Context, g leasecore.Grant) error {
+	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	row, err := l.current("release", g)
+	if err != nil {
+		return err
+	}
+	row.expires, row.released = time.Time{}, true
+	return nil
+}
+
+// current returns the row of g's holding period if it is unexpired, or a
+// HoldError wrapping ErrLost that says why not.
+func (l *Leases) current(op string, g leasecore.Grant) (*leaseRow, error) {
+	row := l.rows[g.Name]
+	reason := ""
+	switch {
+	case row == nil:
+		reason = "no such lease"
+	case row.token != g.Token || row.holder != g.Holder:
+		reason = fmt.Sprintf("held by %q with token %d", row.holder, row.token)
+	case row.released:
+		reason = "released"
+	case !l.now().Before(row.expires):
+		reason = "expired"
+	default:
+		return row, nil
+	}
+	return nil, &leasecore.HoldError{Op: op, Name: g.Name, Holder: g.Holder, Token: g.Token,
+		Reason: reason, Err: leasecore.ErrLost}
+}
+
+// Inspect implements leasecore.LeaseInspector.
+func (l *Leases) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
+	if err := leasecore.CheckName("inspect", "name", name); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	if err := leasecore.CheckContext("inspect", ctx); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := leasecore.LeaseState{Name: name}
+	if row := l.rows[name]; row != nil {
+		now := l.now()
+		st.Exists, st.Holder, st.Token, st.Released = true, row.holder, row.token, row.released
+		if now.Before(row.expires) {
+			st.Held, st.Remaining = true, row.expires.Sub(now)
+		}
+	}
+	return st, nil
+}

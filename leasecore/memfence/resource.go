@@ -1,0 +1,149 @@
+package memfence
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// Resource is an in-memory fenced resource with a scope-level floor and a
+// write log. The zero value is not usable; call NewResource.
+type Resource struct {
+	*store
+	// gap, when set, runs inside the atomic write after the floor check and
+	// before the result is applied, with the resource locked (see
+	// WithCommitGap).
+	gap func(context.Context, leasecore.Write) error
+}
+
+// store is the state all clients of one resource share.
+type store struct {
+	waiting atomic.Int64 // writes blocked on mu, for LockWaits
+	mu      sync.Mutex
+	floors  map[string]leasecore.Token
+	parts   map[[2]string]leasecore.StoredPart
+	log     []leasecore.Attempt
+}
+
+// ResourceOption configures NewResource.
+type ResourceOption func(*Resource)
+
+// WithCommitGap sets a test hook called inside each write, after the floor
+// check and before anything is applied, while the resource is locked: the
+// in-memory counterpart of pausing a database transaction before COMMIT.
+// If it returns an error the write is abandoned and nothing is applied.
+// Production code never sets it.
+func WithCommitGap(gap func(context.Context, leasecore.Write) error) ResourceOption {
+	return func(r *Resource) { r.gap = gap }
+}
+
+// NewResource returns an empty resource.
+func NewResource(opts ...ResourceOption) *Resource {
+	st := &store{floors: map[string]leasecore.Token{}, parts: map[[2]string]leasecore.StoredPart{}}
+	return (&Resource{store: st}).Client(opts...)
+}
+
+// Client returns another client of the same resource (same floors, parts
+// and log) with its own options, as a second connection to a database
+// would be.
+func (r *Resource) Client(opts ...ResourceOption) *Resource {
+	c := &Resource{store: r.store}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+var (
+	_ leasecore.FencedResource = (*Resource)(nil)
+	_ leasecore.ResourceReader = (*Resource)(nil)
+)
+
+// Write implements leasecore.FencedResource.
+func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	r.waiting.Add(1)
+	r.mu.Lock()
+	r.waiting.Add(-1)
+	defer r.mu.Unlock()
+
+	// Compare and decide under the same lock that applies the write: that
+	// is what makes the check and the write one atomic step.
+	floor := r.floors[w.Scope]
+	accepted := w.Token >= floor
+	if accepted {
+		floor = w.Token
+	}
+	if r.gap != nil {
+		if err := r.gap(ctx, w); err != nil {
+			return leasecore.Result{}, err
+		}
+	}
+	now := time.Now()
+	if accepted {
+		r.floors[w.Scope] = floor
+		r.parts[[2]string{w.Scope, w.Part}] = leasecore.StoredPart{
+			Scope: w.Scope, Part: w.Part, Content: w.Content, Writer: w.Writer, Token: w.Token, WrittenAt: now,
+		}
+	}
+	r.log = append(r.log, leasecore.Attempt{
+		Scope: w.Scope, Part: w.Part, Writer: w.Writer, Token: w.Token, Accepted: accepted, Floor: floor, At: now,
+	})
+	return leasecore.Result{Accepted: accepted, Floor: floor}, nil
+}
+
+// LockWaits returns how many writes are blocked waiting for another write
+// to finish: the in-memory counterpart of PostgreSQL's lock waits.
+func (r *Resource) LockWaits() int { return int(r.waiting.Load()) }
+
+// Floor implements leasecore.ResourceReader.
+func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	if err := checkRead(ctx, scope); err != nil {
+		return 0, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.floors[scope], nil
+}
+
+// ReadPart implements leasecore.ResourceReader.
+func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
+	if err := checkRead(ctx, scope); err != nil {
+		return leasecore.StoredPart{}, false, err
+	}
+	if err := leasecore.CheckName("read part", "part", part); err != nil {
+		return leasecore.StoredPart{}, false, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p, ok := r.parts[[2]string{scope, part}]
+	return p, ok, nil
+}
+
+// Attempts implements leasecore.ResourceReader.
+func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
+	if err := checkRead(ctx, scope); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []leasecore.Attempt
+	for _, a := range r.log {
+		if a.Scope == scope {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+func checkRead(ctx context.Context, scope string) error {
+	if err := leasecore.CheckName("read", "scope", scope); err != nil {
+		return err
+	}
+	return leasecore.CheckContext("read", ctx)
+}
