@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# ensure-deps.sh: make sure this machine has what the tests and the lab need,
+# installing it where we can. Called by `make test` and `make lab`.
+#
+#   - Go 1.26 or newer (not installed here: see README).
+#   - PostgreSQL server binaries (initdb, postgres): installed with apt-get
+#     when running as root on Debian/Ubuntu; otherwise we say what to install.
+#   - As root: an unprivileged OS user `postgres`, because PostgreSQL refuses
+#     to run as root.
+# etcd needs nothing here: it is built from Go modules (go.etcd.io/etcd/server/v3).
+set -euo pipefail
+
+say() { printf 'ensure-deps: %s\n' "$*" >&2; }
+
+if ! command -v go >/dev/null 2>&1; then
+  say "Go is not on PATH. Install Go 1.26 or newer (https://go.dev/dl/) and retry."
+  exit 1
+fi
+gover=$(go env GOVERSION | sed 's/^go//')
+if [ "$(printf '%s\n1.26\n' "$gover" | sort -V | head -n1)" != "1.26" ]; then
+  say "Go $gover is too old: install Go 1.26 or newer."
+  exit 1
+fi
+
+# The same search order as fence-pg/pgtemp.
+find_pg_bindir() {
+  local d
+  if [ -n "${LEASEFENCE_PG_BINDIR:-}" ] && [ -x "$LEASEFENCE_PG_BINDIR/postgres" ]; then
+    echo "$LEASEFENCE_PG_BINDIR"; return 0
+  fi
+  if command -v pg_config >/dev/null 2>&1; then
+    d=$(pg_config --bindir 2>/dev/null || true)
+    if [ -n "$d" ] && [ -x "$d/postgres" ] && [ -x "$d/initdb" ]; then echo "$d"; return 0; fi
+  fi
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -t/ -k5 -V -r) /usr/pgsql-*/bin /usr/local/pgsql/bin; do
+    if [ -x "$d/postgres" ] && [ -x "$d/initdb" ]; then echo "$d"; return 0; fi
+  done
+  if command -v postgres >/dev/null 2>&1 && command -v initdb >/dev/null 2>&1; then
+    dirname "$(command -v postgres)"; return 0
+  fi
+  return 1
+}
+
+if [ -n "${LEASEFENCE_PG_URL:-}" ]; then
+  say "LEASEFENCE_PG_URL is set: tests use that external server; crash cases will skip."
+elif bindir=$(find_pg_bindir); then
+  say "PostgreSQL binaries: $bindir ($("$bindir/postgres" --version))"
+else
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "PostgreSQL server binaries not found: installing them with apt-get (postgresql)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq postgresql >/dev/null
+    bindir=$(find_pg_bindir) || { say "apt-get installed postgresql but no initdb/postgres was found"; exit 1; }
+    say "PostgreSQL binaries: $bindir ($("$bindir/postgres" --version))"
+  else
+    say "PostgreSQL server binaries (initdb, postgres) not found. Install them, then retry:"
+    say "  Debian/Ubuntu: sudo apt-get install -y postgresql"
+    say "  Fedora/RHEL:   sudo dnf install -y postgresql-server"
+    say "  macOS:         brew install postgresql@16"
+    say "or set LEASEFENCE_PG_BINDIR to the directory holding initdb and postgres."
+    exit 1
+  fi
+fi
+
+if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
+  say "running as root: creating the unprivileged OS user 'postgres' (PostgreSQL refuses to run as root)"
+  useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
+fi
