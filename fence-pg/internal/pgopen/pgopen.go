@@ -1,0 +1,110 @@
+// Package pgopen opens a connection pool with either driver fence-pg
+// supports and builds fence-pg's stores on it, so the conformance harness
+// and the tests choose a driver by name and share one code path.
+package pgopen
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	_ "github.com/lib/pq" // registers database/sql driver "postgres"
+
+	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
+)
+
+// The driver names.
+const (
+	Pgx   = "pgx"   // pgx/v5 through *pgxpool.Pool
+	Libpq = "libpq" // lib/pq through database/sql
+)
+
+// Drivers lists every driver name, for tests that run on each.
+var Drivers = []string{Pgx, Libpq}
+
+// Pool is one connection pool of either driver; exactly one field is set.
+type Pool struct {
+	Pgx *pgxpool.Pool
+	SQL *sql.DB
+}
+
+// Open opens a pool of at most maxConns connections to dsn with driver
+// (Pgx or Libpq) and establishes one connection (Ping), so that the first
+// statement does not pay for connecting.
+func Open(ctx context.Context, driver, dsn string, maxConns int) (Pool, error) {
+	switch driver {
+	case Pgx:
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			return Pool{}, err
+		}
+		cfg.MaxConns = int32(maxConns)
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return Pool{}, err
+		}
+		if err := p.Ping(ctx); err != nil {
+			p.Close()
+			return Pool{}, err
+		}
+		return Pool{Pgx: p}, nil
+	case Libpq:
+		db, err := sql.Open("postgres", dsn)
+		if err != nil {
+			return Pool{}, err
+		}
+		db.SetMaxOpenConns(maxConns)
+		db.SetMaxIdleConns(maxConns) // keep the connection Ping made
+		if err := db.PingContext(ctx); err != nil {
+			_ = db.Close()
+			return Pool{}, err
+		}
+		return Pool{SQL: db}, nil
+	}
+	return Pool{}, fmt.Errorf("driver %q: want %q or %q", driver, Pgx, Libpq)
+}
+
+// Close closes the pool. A pgx pool's Close waits for connections held by
+// open transactions to be returned.
+func (p Pool) Close() error {
+	if p.Pgx != nil {
+		p.Pgx.Close()
+		return nil
+	}
+	return p.SQL.Close()
+}
+
+// DB returns the pool as a dbx.DB.
+func (p Pool) DB() dbx.DB {
+	if p.Pgx != nil {
+		return dbx.FromPool(p.Pgx)
+	}
+	return dbx.FromSQL(p.SQL)
+}
+
+// LeaseStore returns a fencepg.LeaseStore on the pool.
+func (p Pool) LeaseStore() (*fencepg.LeaseStore, error) {
+	if p.Pgx != nil {
+		return fencepg.NewLeaseStore(p.Pgx)
+	}
+	return fencepg.NewLeaseStoreDB(p.SQL)
+}
+
+// Resource returns a fencepg.Resource on the pool.
+func (p Pool) Resource(opts ...fencepg.ResourceOption) (*fencepg.Resource, error) {
+	if p.Pgx != nil {
+		return fencepg.NewResource(p.Pgx, opts...)
+	}
+	return fencepg.NewResourceDB(p.SQL, opts...)
+}
+
+// Controls returns pgcontrol.Controls on the pool.
+func (p Pool) Controls() (*pgcontrol.Controls, error) {
+	if p.Pgx != nil {
+		return pgcontrol.New(p.Pgx)
+	}
+	return pgcontrol.NewDB(p.SQL)
+}

@@ -1,0 +1,29 @@
+package pgsql
+
+// MigrateLock serialises concurrent migrations of one database: taken
+// inside the migration's transaction, it is held until that transaction
+// ends. Without it two concurrent CREATE TABLE IF NOT EXISTS of one table
+// can both pass the existence check and one fails on a catalog unique
+// index.
+const MigrateLock = `SELECT pg_advisory_xact_lock(7810756276994336110)` // the bytes "leasefen" as a big-endian integer
+
+// TruncateLease empties the lease database (tests only).
+const TruncateLease = `TRUNCATE lease`
+
+// TruncateResource empties the resource database, negative controls'
+// table included (tests only).
+const TruncateResource = `TRUNCATE fence_floor, report_part, write_attempt, published RESTART IDENTITY`
+
+// LockWaits lists the other sessions of this database whose fence
+// statements wait for a lock (F6b observes a blocked writer through it).
+const LockWaits = `SELECT wait_event_type, wait_event FROM pg_stat_activity
+ WHERE datname = current_database() AND wait_event_type = 'Lock'
+   AND pid <> pg_backend_pid() AND query ILIKE '%fence_floor%'
+ ORDER BY pid`
+
+// Now reads the transaction's clock: now() is the time the transaction
+// started and does not advance inside it (PostgreSQL docs §9.9.5).
+const Now = `SELECT now()`
+
+// ClockNow reads the current time, which advances inside a transaction.
+const ClockNow = `SELECT clock_timestamp()`

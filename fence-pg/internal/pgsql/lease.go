@@ -1,0 +1,64 @@
+package pgsql
+
+// Acquire takes lease $1 for holder $2 for $3 microseconds. It returns one
+// row, the new token, when the lease was free (no row: token 1), expired or
+// released (token + 1); no row when it is held.
+//
+// It is one INSERT ... ON CONFLICT DO UPDATE: PostgreSQL guarantees an
+// atomic insert-or-update outcome, and a concurrent acquire of the same
+// name waits on the row (or on the unique index for a new name) and then
+// evaluates the WHERE against the row that won, so of N concurrent
+// acquirers exactly one gets a row back. RETURNING returns only rows
+// actually inserted or updated: a row back means acquired.
+//
+// The TTL travels as integer microseconds (PostgreSQL's timestamp
+// resolution), so no float rounding or interval parsing is involved.
+const Acquire = `INSERT INTO lease AS l (name, holder, token, expires_at)
+VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE
+   SET holder = EXCLUDED.holder, token = l.token + 1, expires_at = EXCLUDED.expires_at
+ WHERE l.expires_at <= now()
+RETURNING l.token`
+
+// heldBy selects the one holding period a grant names ($1 name, $2 holder,
+// $3 token) if it is unexpired. The token identifies the holding period
+// (tokens are never reused); expires_at > now() refuses a late renew or
+// release; holder guards against a caller mixing up grants.
+const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > now()`
+
+// diagnosis ends Renew and Release. A data-modifying WITH clause and the
+// main query run on one snapshot, so the main query sees the lease row as
+// it was before the statement: when the update did not happen, that row
+// says why, without a second round trip. Columns: updated, exists, holder,
+// token, released, held.
+const diagnosis = `
+SELECT EXISTS (SELECT FROM u), l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
+       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
+  FROM (SELECT 1) AS one LEFT JOIN lease l ON l.name = $1`
+
+// Renew extends the holding period ($1 name, $2 holder, $3 token) to now()
+// plus $4 microseconds, only while it is unexpired. See diagnosis for the
+// row it returns.
+const Renew = `WITH u AS (
+  UPDATE lease SET expires_at = now() + $4::bigint * interval '1 microsecond'
+  ` + heldBy + `
+  RETURNING 1
+)` + diagnosis
+
+// Release ends the holding period ($1 name, $2 holder, $3 token) by setting
+// its expiry to -infinity, only while it is unexpired; the token stays, so
+// the next acquire issues token + 1. See diagnosis for the row it returns.
+const Release = `WITH u AS (
+  UPDATE lease SET expires_at = '-infinity'
+  ` + heldBy + `
+  RETURNING 1
+)` + diagnosis
+
+// Inspect reads lease $1: holder, token, held, released, and the remaining
+// time in microseconds. The remaining time is computed only for a held
+// lease: subtracting now() from -infinity is an error.
+const Inspect = `SELECT holder, token, expires_at > now(), expires_at = '-infinity',
+       CASE WHEN expires_at > now()
+            THEN (extract(epoch FROM expires_at - now()) * 1000000)::bigint
+            ELSE 0 END
+  FROM lease WHERE name = $1`

@@ -1,0 +1,86 @@
+package pgstore
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/lib/pq"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// TestMapError classifies the error values both drivers return. The
+// real-server paths (a blocked statement cancelled, a terminated session, a
+// refused connection, a missing table) are tested in package fencepg.
+func TestMapError(t *testing.T) {
+	live := context.Background()
+	expired, cancel := context.WithDeadline(live, time.Now().Add(-time.Second))
+	defer cancel()
+	cancelled, cancel2 := context.WithCancel(live)
+	cancel2()
+
+	pgErr := func(code string) error { return &pgconn.PgError{Severity: "ERROR", Code: code, Message: "m"} }
+	pqErr := func(code string) error { return &pq.Error{Code: pq.ErrorCode(code), Message: "m"} }
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want error // nil: wrapped as it is
+	}{
+		{"pgx 08006", live, pgErr("08006"), leasecore.ErrUnavailable},
+		{"pq 08001", live, pqErr("08001"), leasecore.ErrUnavailable},
+		{"pgx admin shutdown", live, pgErr("57P01"), leasecore.ErrUnavailable},
+		{"pq crash shutdown", live, pqErr("57P02"), leasecore.ErrUnavailable},
+		{"pgx cannot connect now", live, pgErr("57P03"), leasecore.ErrUnavailable},
+		{"pq too many connections", live, pqErr("53300"), leasecore.ErrUnavailable},
+		{"pgx disk full", live, pgErr("53100"), leasecore.ErrUnavailable},
+		{"pq serialization failure", live, pqErr("40001"), leasecore.ErrUnavailable},
+		{"pgx deadlock", live, pgErr("40P01"), leasecore.ErrUnavailable},
+		{"pgx undefined table", live, pgErr("42P01"), leasecore.ErrSchema},
+		{"pq undefined column", live, pqErr("42703"), leasecore.ErrSchema},
+		{"pgx query canceled, ctx live", live, pgErr("57014"), context.Canceled},
+		{"pq query canceled, ctx cancelled", cancelled, pqErr("57014"), context.Canceled},
+		{"pgx query canceled, deadline", expired, pgErr("57014"), context.DeadlineExceeded},
+		{"pq unique violation", live, pqErr("23505"), nil},
+		{"wrapped pgx error", live, fmt.Errorf("x: %w", pgErr("42P01")), leasecore.ErrSchema},
+		{"context error kept", live, fmt.Errorf("timeout: %w", context.DeadlineExceeded), context.DeadlineExceeded},
+		{"driver error after ctx ended", cancelled, driver.ErrBadConn, context.Canceled},
+		{"EOF", live, io.EOF, leasecore.ErrUnavailable},
+		{"unexpected EOF", live, fmt.Errorf("read: %w", io.ErrUnexpectedEOF), leasecore.ErrUnavailable},
+		{"bad conn", live, driver.ErrBadConn, leasecore.ErrUnavailable},
+		{"net error", live, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, leasecore.ErrUnavailable},
+		{"other", live, errors.New("boom"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := MapError(tc.ctx, "fencepg", "acquire", tc.err)
+			if !errors.Is(got, tc.err) {
+				t.Errorf("%v does not wrap the driver's error %v", got, tc.err)
+			}
+			if !strings.HasPrefix(got.Error(), "fencepg: acquire: ") {
+				t.Errorf("message %q lacks the prefix", got)
+			}
+			if tc.want != nil && !errors.Is(got, tc.want) {
+				t.Errorf("%v does not wrap %v", got, tc.want)
+			}
+			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrSchema, context.Canceled, context.DeadlineExceeded} {
+				if s != tc.want && !errors.Is(tc.err, s) && errors.Is(got, s) {
+					t.Errorf("%v wraps %v too", got, s)
+				}
+			}
+			if tc.want == leasecore.ErrSchema && !strings.Contains(got.Error(), "run Migrate") {
+				t.Errorf("%v does not say to run Migrate", got)
+			}
+		})
+	}
+	if MapError(live, "fencepg", "acquire", nil) != nil {
+		t.Error("MapError(nil) != nil")
+	}
+}

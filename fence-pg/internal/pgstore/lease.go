@@ -1,0 +1,35 @@
+package pgstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"time"
+
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// Acquire validates its input (leasecore.CheckAcquire with minTTL), runs
+// pgsql.Acquire on q and returns the grant, or a *leasecore.HoldError
+// wrapping leasecore.ErrHeld when the statement returned no row. q is a
+// pool in production; the conformance harness passes an open transaction
+// to show why that is wrong (F2).
+func Acquire(ctx context.Context, q dbx.Querier, pkg, name, holder string, ttl, minTTL time.Duration) (leasecore.Grant, error) {
+	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
+		return leasecore.Grant{}, err
+	}
+	// Read before sending: the server starts the TTL only when it runs the
+	// statement, so Start + TTL is never later than the server's expiry.
+	start := time.Now()
+	var token int64
+	err := q.QueryRow(ctx, pgsql.Acquire, name, holder, ttl.Microseconds()).Scan(&token)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return leasecore.Grant{}, &leasecore.HoldError{Op: "acquire", Name: name, Holder: holder, Err: leasecore.ErrHeld}
+	case err != nil:
+		return leasecore.Grant{}, MapError(ctx, pkg, "acquire", err)
+	}
+	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(token), TTL: ttl, Start: start}, nil
+}

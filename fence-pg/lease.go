@@ -1,0 +1,164 @@
+package fencepg
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// LeaseStore is a lease service on the lease database: one row per lease
+// name in table lease, and a token that grows by exactly 1 on every acquire
+// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector.
+// It is safe for concurrent use.
+type LeaseStore struct {
+	db dbx.DB
+}
+
+var (
+	_ leasecore.Lease          = (*LeaseStore)(nil)
+	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
+)
+
+// NewLeaseStore returns a lease store on a pgx pool connected to the lease
+// database. A nil pool returns a *leasecore.ArgError. The caller keeps
+// ownership of the pool and closes it.
+func NewLeaseStore(pool *pgxpool.Pool) (*LeaseStore, error) {
+	if pool == nil {
+		return nil, &leasecore.ArgError{Op: "new lease store", Field: "pool", Reason: "must not be nil"}
+	}
+	return &LeaseStore{db: dbx.FromPool(pool)}, nil
+}
+
+// NewLeaseStoreDB is NewLeaseStore for a database/sql pool (lib/pq, or pgx's
+// stdlib driver). A nil db returns a *leasecore.ArgError.
+func NewLeaseStoreDB(db *sql.DB) (*LeaseStore, error) {
+	if db == nil {
+		return nil, &leasecore.ArgError{Op: "new lease store", Field: "db", Reason: "must not be nil"}
+	}
+	return &LeaseStore{db: dbx.FromSQL(db)}, nil
+}
+
+// Acquire implements leasecore.Lease: one INSERT ... ON CONFLICT DO UPDATE
+// (see the statement in internal/pgsql) that takes the lease when it is
+// absent, expired or released and returns token + 1 (1 for a new name).
+// While the lease is held, by anyone, it returns a *leasecore.HoldError
+// wrapping leasecore.ErrHeld and changes nothing. Grant.Start is read just
+// before the request is sent.
+func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	return pgstore.Acquire(ctx, s.db, pkg, name, holder, ttl, MinTTL)
+}
+
+// Renew implements leasecore.Lease: one statement that sets the expiry to
+// the database's now() + g.TTL only while g's holding period (name, holder,
+// token) is unexpired. Otherwise it returns a *leasecore.HoldError wrapping
+// leasecore.ErrLost whose Reason says what did not match, and changes
+// nothing; a renew after expiry fails even when nobody took over. The
+// returned grant has the same token and a new Start.
+func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
+	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
+		return leasecore.Grant{}, err
+	}
+	// Read before sending: the server extends from when it runs the
+	// statement, so Start + TTL is never later than the new expiry.
+	start := time.Now()
+	if err := s.endOrExtend(ctx, "renew", g, pgsql.Renew, g.TTL.Microseconds()); err != nil {
+		return leasecore.Grant{}, err
+	}
+	g.Start = start
+	return g, nil
+}
+
+// Release implements leasecore.Lease: one statement that sets the expiry to
+// -infinity only while g's holding period is unexpired, so the next Acquire
+// succeeds at once with token + 1. Released twice, after expiry or after a
+// take-over it returns a *leasecore.HoldError wrapping leasecore.ErrLost and
+// changes nothing.
+func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
+	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
+		return err
+	}
+	return s.endOrExtend(ctx, "release", g, pgsql.Release)
+}
+
+// endOrExtend runs Renew's or Release's statement, which returns whether it
+// updated the row and, in the same round trip, the row as it was before.
+func (s *LeaseStore) endOrExtend(ctx context.Context, op string, g leasecore.Grant, query string, extra ...any) error {
+	args := append([]any{g.Name, g.Holder, int64(g.Token)}, extra...)
+	var (
+		updated bool
+		before  leaseRow
+		token   int64
+	)
+	err := s.db.QueryRow(ctx, query, args...).Scan(
+		&updated, &before.exists, &before.holder, &token, &before.released, &before.held)
+	if err != nil {
+		return pgstore.MapError(ctx, pkg, op, err)
+	}
+	if updated {
+		return nil
+	}
+	before.token = leasecore.Token(token)
+	return &leasecore.HoldError{Op: op, Name: g.Name, Holder: g.Holder, Token: g.Token,
+		Reason: before.lostReason(g), Err: leasecore.ErrLost}
+}
+
+// leaseRow is a lease row as a renew or release statement found it.
+type leaseRow struct {
+	exists         bool
+	holder         string
+	token          leasecore.Token
+	released, held bool
+}
+
+// lostReason says why g's holding period could not be renewed or released,
+// checking the row's fields in the order the statement's WHERE does.
+func (r leaseRow) lostReason(g leasecore.Grant) string {
+	switch {
+	case !r.exists:
+		return "no such lease"
+	case r.token > g.Token:
+		return fmt.Sprintf("token %d was superseded by token %d (holder %q)", g.Token, r.token, r.holder)
+	case r.token < g.Token:
+		return fmt.Sprintf("token %d was never issued (the latest is token %d)", g.Token, r.token)
+	case r.holder != g.Holder:
+		return fmt.Sprintf("holder %q does not hold it (held by %q with token %d)", g.Holder, r.holder, r.token)
+	case r.released:
+		return "released"
+	case !r.held:
+		return "expired"
+	}
+	// The row matched when the statement started, but a concurrent
+	// statement changed it before the update could lock it.
+	return "changed concurrently (released, or expired and taken over, while this statement ran)"
+}
+
+// Inspect implements leasecore.LeaseInspector with one SELECT. Held and
+// Remaining are computed by the database clock at the moment of the read.
+func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
+	const op = "inspect"
+	if err := leasecore.CheckName(op, "name", name); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	if err := leasecore.CheckContext(op, ctx); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	st := leasecore.LeaseState{Name: name}
+	var token, remaining int64
+	err := s.db.QueryRow(ctx, pgsql.Inspect, name).Scan(&st.Holder, &token, &st.Held, &st.Released, &remaining)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return st, nil
+	case err != nil:
+		return leasecore.LeaseState{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	st.Exists, st.Token, st.Remaining = true, leasecore.Token(token), time.Duration(remaining)*time.Microsecond
+	return st, nil
+}

@@ -1,0 +1,33 @@
+-- The resource database; applied by Resource.Migrate. It never holds lease
+-- state: the resource decides from its own floor only.
+
+-- The largest token accepted per scope (I3).
+CREATE TABLE IF NOT EXISTS fence_floor (
+  scope     text PRIMARY KEY,
+  max_token bigint NOT NULL
+);
+
+-- The protected data: the current content of each part of a scope.
+CREATE TABLE IF NOT EXISTS report_part (
+  scope      text,
+  part       text,
+  content    text NOT NULL,
+  writer     text NOT NULL,
+  token      bigint NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (scope, part)
+);
+
+-- Every write attempt and its outcome, accepted or rejected, for audit.
+-- floor is the scope's floor after the attempt.
+CREATE TABLE IF NOT EXISTS write_attempt (
+  id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  scope        text NOT NULL,
+  part         text NOT NULL,
+  writer       text NOT NULL,
+  token        bigint NOT NULL,
+  accepted     boolean NOT NULL,
+  floor        bigint NOT NULL,
+  attempted_at timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX IF NOT EXISTS write_attempt_scope_id ON write_attempt (scope, id);
