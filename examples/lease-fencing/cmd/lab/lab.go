@@ -1,0 +1,148 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance"
+	"github.com/leasefence/leasefence/fence-pg/pgtemp"
+)
+
+// The lab's two databases, as in the article: lease state and resource
+// state on one temporary cluster, apart so the resource cannot read the
+// lease table by accident.
+const (
+	leaseDB    = "lease26"
+	resourceDB = "res26"
+)
+
+// config is one backend configuration the lab runs the suite on.
+type config struct {
+	name   string // as given to -configs
+	output string // file name under the output directory
+	title  string
+	driver string
+}
+
+var allConfigs = []config{
+	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", pgconformance.DriverPgx},
+	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", pgconformance.DriverLibpq},
+}
+
+func configNames() []string {
+	var names []string
+	for _, c := range allConfigs {
+		names = append(names, c.name)
+	}
+	return names
+}
+
+type lab struct {
+	port     int
+	outDir   string
+	cases    []string
+	progress io.Writer
+}
+
+// run starts the cluster, runs every selected configuration, writes one
+// output file per configuration and stops the cluster. It returns the
+// number of failed checks.
+func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
+	var selected []config
+	for _, n := range names {
+		i := slices.IndexFunc(allConfigs, func(c config) bool { return c.name == strings.TrimSpace(n) })
+		if i < 0 {
+			return 0, fmt.Errorf("unknown configuration %q (have %s)", n, strings.Join(configNames(), ", "))
+		}
+		selected = append(selected, allConfigs[i])
+	}
+	if err := os.MkdirAll(l.outDir, 0o755); err != nil {
+		return 0, err
+	}
+
+	l.say("starting a temporary PostgreSQL cluster on 127.0.0.1:%d", l.port)
+	t0 := time.Now()
+	cluster, err := pgtemp.Start(ctx, pgtemp.WithPort(l.port))
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		l.say("stopping the cluster")
+		err = errors.Join(err, cluster.Stop())
+	}()
+	l.say("cluster up in %.1fs: PostgreSQL %s", time.Since(t0).Seconds(), cluster.Version())
+
+	for _, cfg := range selected {
+		n, err := l.runConfig(ctx, cluster, cfg)
+		failed += n
+		if err != nil {
+			return failed, err
+		}
+	}
+	return failed, nil
+}
+
+func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config) (int, error) {
+	// Recreate both databases: every configuration starts from nothing.
+	for _, db := range []string{leaseDB, resourceDB} {
+		if err := cluster.CreateDatabase(ctx, db); err != nil {
+			return 0, err
+		}
+	}
+	nh := pgconformance.New(pgconformance.Config{
+		Driver:      cfg.driver,
+		LeaseDSN:    cluster.DSN(leaseDB),
+		ResourceDSN: cluster.DSN(resourceDB),
+	})
+
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "# leasefence lab: %s\n", cfg.title)
+	fmt.Fprintf(&buf, "# PostgreSQL %s on 127.0.0.1:%d, databases %s and %s; %s %s/%s; %s\n",
+		cluster.Version(), l.port, leaseDB, resourceDB, runtime.Version(), runtime.GOOS, runtime.GOARCH,
+		time.Now().UTC().Format(time.RFC3339))
+	l.say("[%s] %s", cfg.name, cfg.title)
+	sum, err := conformance.Report(ctx, &buf, nh, conformance.ReportOptions{
+		Cases: l.cases,
+		Progress: func(i, n int, r conformance.CaseResult, done bool) {
+			if !done {
+				fmt.Fprintf(l.progress, "lab: [%s] (%d/%d) %s %s ... ", cfg.name, i+1, n, r.ID, shorten(r.Title, 60))
+				return
+			}
+			verdict := "ok"
+			switch {
+			case r.Failed > 0:
+				verdict = "FAIL"
+			case r.Skipped != "":
+				verdict = "skipped: " + r.Skipped
+			}
+			fmt.Fprintf(l.progress, "%s (passed=%d failed=%d, %.1fs)\n", verdict, r.Passed, r.Failed, r.Elapsed.Seconds())
+		},
+	})
+	path := filepath.Join(l.outDir, cfg.output)
+	if werr := os.WriteFile(path, buf.Bytes(), 0o644); werr != nil {
+		return sum.Failed, errors.Join(err, werr)
+	}
+	l.say("[%s] SUMMARY passed=%d failed=%d -> %s", cfg.name, sum.Passed, sum.Failed, path)
+	return sum.Failed, err
+}
+
+func (l *lab) say(format string, args ...any) {
+	fmt.Fprintf(l.progress, "lab: "+format+"\n", args...)
+}
+
+func shorten(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
+}
