@@ -1,11 +1,14 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"reflect"
 	"runtime/debug"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +26,62 @@ type C struct {
 
 	passed, failed int
 	skipReason     string
+
+	st       *caseState // shared with the case's sections
+	timeline []TimelineEvent
+}
+
+// caseState is what all sections of one case share.
+type caseState struct {
+	start    time.Time
+	mu       sync.Mutex
+	timeline []TimelineEvent
+	cleanups []func()
+}
+
+// TimelineEvent is one event a case recorded while it ran, for pictures of
+// the run (the lab draws F4's and F5's).
+type TimelineEvent struct {
+	At   time.Duration // since the case started
+	Lane string        // who: "A", "B", "parent", "lease", "resource"
+	Text string
+}
+
+// record adds an event to the case's timeline. Safe from any goroutine.
+func (c *C) record(lane, text string) {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	c.st.timeline = append(c.st.timeline, TimelineEvent{At: time.Since(c.st.start), Lane: lane, Text: text})
+}
+
+// recordAt adds an event that happened (or will happen) at t.
+func (c *C) recordAt(t time.Time, lane, text string) {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	c.st.timeline = append(c.st.timeline, TimelineEvent{At: t.Sub(c.st.start), Lane: lane, Text: text})
+}
+
+// cleanup registers fn to run when the case ends, last registered first.
+func (c *C) cleanup(fn func()) {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	c.st.cleanups = append(c.st.cleanups, fn)
+}
+
+// finish runs the cleanups and returns the timeline in time order.
+func (st *caseState) finish() []TimelineEvent {
+	st.mu.Lock()
+	fns := st.cleanups
+	st.cleanups = nil
+	st.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	tl := slices.Clone(st.timeline)
+	slices.SortStableFunc(tl, func(a, b TimelineEvent) int { return cmp.Compare(a.At, b.At) })
+	return tl
 }
 
 // Line kinds, as printed.
@@ -106,7 +165,7 @@ func (c *C) Skip(reason string) {
 func (c *C) Section(name string, fn func(c *C)) {
 	if c.t == nil {
 		c.emit("", "-- "+name)
-		sub := &C{ctx: c.ctx, traits: c.traits, emit: c.emit}
+		sub := &C{ctx: c.ctx, traits: c.traits, emit: c.emit, st: c.st}
 		sub.protect(func() { fn(sub) })
 		c.passed += sub.passed
 		c.failed += sub.failed
@@ -114,6 +173,7 @@ func (c *C) Section(name string, fn func(c *C)) {
 	}
 	c.t.Run(sectionName(name), func(t *testing.T) {
 		sub := newTestC(c.ctx, c.traits, t)
+		sub.st = c.st
 		sub.protect(func() { fn(sub) })
 		if sub.skipReason != "" && sub.passed == 0 && sub.failed == 0 {
 			t.Skip(sub.skipReason)

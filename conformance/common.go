@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -176,3 +177,31 @@ func (c *C) await(ch <-chan outcome, what string) leasecore.Result {
 	}
 	return leasecore.Result{}
 }
+
+// Helpers for the holder protocol's reply lines.
+
+// verb returns the first word of a reply line.
+func verb(line string) string {
+	v, _, _ := strings.Cut(line, " ")
+	return v
+}
+
+// verbOK returns "VERB ok=B" of a reply line such as "RENEW ok=true token=2".
+func verbOK(line string) string {
+	f := strings.Fields(line)
+	if len(f) >= 2 {
+		return f[0] + " " + f[1]
+	}
+	return line
+}
+
+// trimFloor drops the floor field of a WRITE reply.
+func trimFloor(line string) string {
+	if i := strings.Index(line, " floor="); i >= 0 {
+		return line[:i]
+	}
+	return line
+}
+
+// verbAccepted reports whether a WRITE reply says accepted=true.
+func verbAccepted(line string) bool { return strings.Contains(line, "accepted=true") }

@@ -26,8 +26,11 @@ var cases = []testCase{
 	{"F1", "F1_normal_path", "normal path: acquire -> write -> renew -> release -> the next holder acquires a larger token and writes", caseF1},
 	{"F2", "F2_long_transaction_now", "long transaction: now() stands still; an equal token writes again", caseF2},
 	{"F3", "F3_concurrent_acquire", "concurrent acquire: 16 clients behind a barrier, three rounds (fresh, valid, expired)", caseF3},
+	{"F4", "F4_paused_stale_holder", "paused stale holder: A is frozen with SIGSTOP after its check; B takes over; A's write is rejected", caseF4},
+	{"F5", "F5_unfenced_negative_control", "negative control: the identical timeline against a resource that does not check tokens", caseF5},
 	{"F6", "F6_check_then_write_race", "check-then-write race: separate read and write vs the conditional floor update", caseF6},
 	{"F7", "F7_fence_granularity", "fence granularity: a stale holder writes a part the new holder never touched", caseF7},
+	{"F8", "F8_server_crash", "server crash: immediate stop without checkpoint, recovery; tokens and floor survive", caseF8},
 	{"F9", "F9_unfenceable_side_effects", "side effects that cannot be fenced: deduplication keeps the first, not the newest", caseF9},
 }
 
@@ -62,6 +65,7 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 	cancelSetup()
 	if err != nil {
 		c := newC(Traits{})
+		c.st = &caseState{start: time.Now()}
 		c.line(kindFail, "harness: "+err.Error())
 		return c
 	}
@@ -70,7 +74,9 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 	defer cancel()
 	c := newC(traits)
 	c.ctx = ctx
+	c.st = &caseState{start: time.Now()}
 	c.protect(func() { tc.run(ctx, c, h) })
+	c.timeline = c.st.finish()
 	if err := h.Close(); err != nil {
 		c.line(kindFail, "harness close: "+err.Error())
 	}
@@ -105,6 +111,9 @@ type CaseResult struct {
 	Passed, Failed int
 	Skipped        string // the reason, when the whole case skipped
 	Elapsed        time.Duration
+	// Timeline holds the events the case recorded, in time order (F4 and
+	// F5 record their processes, the lease and the resource).
+	Timeline []TimelineEvent
 }
 
 // ReportOptions configures Report.
@@ -153,7 +162,7 @@ func Report(ctx context.Context, w io.Writer, newHarness NewHarness, opts Report
 		c := runCase(ctx, tc, newHarness, func(traits Traits) *C {
 			return &C{ctx: ctx, traits: traits, emit: func(kind, text string) { write(formatLine(kind, text)) }}
 		})
-		res.Passed, res.Failed, res.Elapsed = c.passed, c.failed, time.Since(start)
+		res.Passed, res.Failed, res.Elapsed, res.Timeline = c.passed, c.failed, time.Since(start), c.timeline
 		if c.skipReason != "" && c.passed == 0 && c.failed == 0 {
 			res.Skipped = c.skipReason
 			sum.Skipped++

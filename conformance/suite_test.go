@@ -114,7 +114,7 @@ func TestReportFormat(t *testing.T) {
 	if sum.Failed != 0 {
 		t.Fatalf("failed=%d:\n%s", sum.Failed, out)
 	}
-	for _, id := range []string{"F1", "F2", "F3", "F6", "F7", "F9"} {
+	for _, id := range []string{"F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9"} {
 		if !regexp.MustCompile(`(?m)^CASE ` + id + ` :: \S`).MatchString(out) {
 			t.Errorf("no CASE %s header:\n%s", id, out)
 		}

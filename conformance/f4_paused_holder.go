@@ -1,0 +1,171 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// The F4/F5 timing, from the article: TTL 1500 ms, renewal every 400 ms,
+// local margin 300 ms, and the parent waits 3000 ms (two TTLs) to show that
+// renewal keeps an unpaused holder's lease. A backend with a larger minimum
+// TTL stretches all four by the same factor.
+const (
+	pausedTTL     = 1500 * time.Millisecond
+	pausedRenew   = 400 * time.Millisecond
+	pausedMargin  = 300 * time.Millisecond
+	pausedRunning = 3000 * time.Millisecond
+)
+
+// caseF4 is the main experiment: holder A, a separate OS process, passes
+// its pre-write check and is frozen with SIGSTOP right before writing; its
+// lease expires by the backend's clock; holder B, another process, takes
+// over with a larger token and writes; A is thawed and its very next
+// instruction is the write. The resource rejects it.
+func caseF4(ctx context.Context, c *C, h Harness) {
+	pausedHolder(ctx, c, h, KindFenced)
+}
+
+// caseF5 is the negative control: the identical timeline against a
+// resource that does not check tokens. The lease behaves identically; the
+// stale write lands.
+func caseF5(ctx context.Context, c *C, h Harness) {
+	pausedHolder(ctx, c, h, KindUnfenced)
+}
+
+func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
+	hp := need[HolderProcesses](c, h, AbilityHolderProcesses)
+	var reader Resource
+	if kind == KindUnfenced {
+		controls := need[NegativeControls](c, h, AbilityNegativeControls)
+		var err error
+		reader, err = controls.UnfencedResource(ctx)
+		c.Must(err, "open the unfenced resource")
+	} else {
+		reader = c.openResource(h)
+	}
+	_, insp := c.openLease(h)
+
+	ttl := c.ttl(pausedTTL)
+	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.scale(pausedRunning, pausedTTL)
+	c.Notef("resource=%s; ttl=%v renew=%v margin=%v; holders are separate OS processes", kind, ttl, renew, margin)
+	acquire := func(holder string) string {
+		return fmt.Sprintf("ACQUIRE %s %s %v %v %v", leaseName, holder, ttl, renew, margin)
+	}
+
+	a := c.startHolder(hp, kind, "A")
+	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA)), 0)
+	c.Equal("F4", "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
+
+	c.record("parent", fmt.Sprintf("waits %v (ttl %v)", running, ttl))
+	sleep(ctx, running)
+	st, err := insp.Inspect(ctx, leaseName)
+	c.Must(err, "inspect the lease")
+	c.Check("I1", fmt.Sprintf("A's background renewal kept the lease while A ran (waited %v, ttl %v)", running, ttl),
+		st.Held && st.Holder == holderA, "held by holder-a", fmt.Sprintf("held=%t by %s", st.Held, st.Holder))
+
+	c.Must(freeze(a.pid), "SIGSTOP A")
+	c.record("A", "SIGSTOP: frozen after its check, before its write")
+	state := waitProcState(ctx, a.pid, "T")
+	c.Equal("F4", "after SIGSTOP /proc shows A stopped (its renewal goroutine too)", "T", state)
+	if st, err := insp.Inspect(ctx, leaseName); err == nil && st.Held {
+		c.recordAt(time.Now().Add(st.Remaining), "lease", "A's lease expires (backend clock)")
+	}
+	waited := c.waitFree(insp, leaseName, ttl)
+	c.Notef("the lease expired by the backend's clock %v after SIGSTOP", waited.Round(time.Millisecond))
+
+	floorBefore := c.floor(reader, scope)
+	b := c.startHolder(hp, kind, "B")
+	tokB := c.acquiredLine("B acquires the expired lease with a larger token", b.call(acquire(holderB)), tokA)
+	bWrite := b.call("WRITE " + scope + " " + partSummary + " rows=201(B)")
+	c.Equal("I3", "B's write is accepted", fmt.Sprintf("WRITE accepted=true token=%d", tokB), trimFloor(bWrite))
+	floorAfter := c.floor(reader, scope)
+	if kind == KindFenced {
+		c.Equal("I3", "B's write moved the floor from 0 to B's token", fmt.Sprintf("0->%d", tokB), fmt.Sprintf("%d->%d", floorBefore, floorAfter))
+	}
+	c.record("resource", fmt.Sprintf("summary = rows=201(B), floor %d->%d", floorBefore, floorAfter))
+	c.Equal("I1", "B renews", "RENEW ok=true", verbOK(b.call("RENEW")))
+	c.Equal("I1", "B releases", "RELEASED ok=true", b.call("RELEASE"))
+	c.Must(b.exit(), "B exits")
+	c.record("B", "exited")
+
+	// Queue A's write, then thaw it: the write is the very next thing A does.
+	a.send("WRITE_AND_RENEW " + scope + " " + partSummary + " rows=200(A)")
+	c.Must(thaw(a.pid), "SIGCONT A")
+	c.record("A", "SIGCONT: resumes with its write")
+	aWrite := a.reply("A's write")
+	aRenew := a.reply("A's renewal after its write")
+	c.Notef("A after resuming: %s; %s", aWrite, aRenew)
+	c.Equal("I1", "A's renewal after its write fails: the lease moved on", "RENEW_AFTER_WRITE ok=false", aRenew)
+
+	p, ok := c.readPart(reader, scope, partSummary)
+	floor := c.floor(reader, scope)
+	c.Notef("final summary = %s; floor=%d", describePart(p, ok), floor)
+	if kind == KindUnfenced {
+		c.Exposes("the resource does not check tokens, so A's stale result overwrote B's",
+			verbAccepted(aWrite) && ok && p.Writer == holderA, "A: "+aWrite+"; summary: "+describePart(p, ok))
+		c.Must(a.exit(), "A exits")
+		return
+	}
+	c.Equal("I3", fmt.Sprintf("A's write with token %d is rejected", tokA), fmt.Sprintf("WRITE accepted=false token=%d", tokA), trimFloor(aWrite))
+	c.Equal("I3", "the final summary is B's and the floor is B's token",
+		fmt.Sprintf("rows=201(B) by holder-b token=%d, floor=%d", tokB, tokB),
+		fmt.Sprintf("%s, floor=%d", describePart(p, ok), floor))
+	attempts, err := reader.Attempts(ctx, scope)
+	c.Must(err, "read the write log")
+	rejectedA := 0
+	for _, at := range attempts {
+		if at.Writer == holderA && !at.Accepted {
+			rejectedA++
+		}
+	}
+	c.Equal("I3", "the write log holds exactly one rejected attempt by A", 1, rejectedA)
+	c.Notef("when A resumed the lease was free (B had released it) and A was still rejected: the resource decides from its own persisted floor")
+	c.Must(a.exit(), "A exits")
+}
+
+// acquiredLine checks an "ACQUIRED token=N" reply: the first token of a
+// fresh lease when prev is 0, else the token after prev (exactly prev+step
+// with a declared step, strictly greater otherwise). It returns N.
+func (c *C) acquiredLine(what, line string, prev leasecore.Token) leasecore.Token {
+	var t leasecore.Token
+	if _, err := fmt.Sscanf(line, "ACQUIRED token=%d", &t); err != nil {
+		c.Fatalf("%s: reply %q", what, line)
+	}
+	switch step := c.traits.TokenStep; {
+	case step != 0 && prev == 0:
+		c.Equal("I2", what, "ACQUIRED token=1", line)
+	case step != 0:
+		c.Equal("I2", what, fmt.Sprintf("ACQUIRED token=%d", prev+step), line)
+	default:
+		c.Check("I2", what, t > prev, fmt.Sprintf("ACQUIRED token>%d", prev), line)
+	}
+	return t
+}
+
+// sleep waits d or until ctx is done. F4's waits are the experiment's
+// timeline, not synchronisation.
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// waitProcState polls /proc until the process is in state want (SIGSTOP is
+// delivered asynchronously) and returns the last state read.
+func waitProcState(ctx context.Context, pid int, want string) string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err := procState(pid)
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		if st == want || time.Now().After(deadline) {
+			return st
+		}
+		sleep(ctx, time.Millisecond)
+	}
+}

@@ -1,0 +1,11 @@
+//go:build !unix
+
+package conformance
+
+import "errors"
+
+var errNoSignals = errors.New("conformance: SIGSTOP/SIGCONT and /proc need a Unix system")
+
+func freeze(int) error              { return errNoSignals }
+func thaw(int) error                { return errNoSignals }
+func procState(int) (string, error) { return "", errNoSignals }
