@@ -57,6 +57,7 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 
 	a := c.startHolder(hp, kind, "A")
 	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA)), 0)
+	c.record("lease", fmt.Sprintf("token %d issued to holder-a", tokA))
 	c.Equal("F4", "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
 
 	c.record("parent", fmt.Sprintf("waits %v (ttl %v)", running, ttl))
@@ -79,15 +80,21 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	floorBefore := c.floor(reader, scope)
 	b := c.startHolder(hp, kind, "B")
 	tokB := c.acquiredLine("B acquires the expired lease with a larger token", b.call(acquire(holderB)), tokA)
+	c.record("lease", fmt.Sprintf("token %d issued to holder-b", tokB))
 	bWrite := b.call("WRITE " + scope + " " + partSummary + " rows=201(B)")
 	c.Equal("I3", "B's write is accepted", fmt.Sprintf("WRITE accepted=true token=%d", tokB), trimFloor(bWrite))
 	floorAfter := c.floor(reader, scope)
 	if kind == KindFenced {
 		c.Equal("I3", "B's write moved the floor from 0 to B's token", fmt.Sprintf("0->%d", tokB), fmt.Sprintf("%d->%d", floorBefore, floorAfter))
 	}
-	c.record("resource", fmt.Sprintf("summary = rows=201(B), floor %d->%d", floorBefore, floorAfter))
+	if kind == KindFenced {
+		c.record("resource", fmt.Sprintf("B's token-%d write accepted, floor %d->%d", tokB, floorBefore, floorAfter))
+	} else {
+		c.record("resource", fmt.Sprintf("B's token-%d write accepted (this resource keeps no floor)", tokB))
+	}
 	c.Equal("I1", "B renews", "RENEW ok=true", verbOK(b.call("RENEW")))
 	c.Equal("I1", "B releases", "RELEASED ok=true", b.call("RELEASE"))
+	c.record("lease", "released by holder-b")
 	c.Must(b.exit(), "B exits")
 	c.record("B", "exited")
 
@@ -103,6 +110,11 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	p, ok := c.readPart(reader, scope, partSummary)
 	floor := c.floor(reader, scope)
 	c.Notef("final summary = %s; floor=%d", describePart(p, ok), floor)
+	if verbAccepted(aWrite) {
+		c.record("resource", fmt.Sprintf("A's token-%d write accepted: summary = %s", tokA, describePart(p, ok)))
+	} else {
+		c.record("resource", fmt.Sprintf("A's token-%d write rejected (floor %d)", tokA, floor))
+	}
 	if kind == KindUnfenced {
 		c.Exposes("the resource does not check tokens, so A's stale result overwrote B's",
 			verbAccepted(aWrite) && ok && p.Writer == holderA, "A: "+aWrite+"; summary: "+describePart(p, ok))

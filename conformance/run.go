@@ -84,15 +84,18 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 }
 
 // need returns the harness's implementation of the optional interface T
-// for ability ab. When the harness lacks it and declares it absent, the
-// case (or section) skips with the declared reason; when it lacks it
-// without declaring so, the case fails.
+// for ability ab. When the harness declares ab absent, the case (or
+// section) skips with the declared reason; when it lacks T without
+// declaring so, the case fails.
 func need[T any](c *C, h Harness, ab Ability) T {
-	if v, ok := h.(T); ok {
-		return v
-	}
+	// A declared absence wins even over an implementation: the harness
+	// knows when it cannot use what its type could do (no cluster to
+	// crash, no way to re-execute itself).
 	if reason, ok := c.traits.Absent[ab]; ok {
 		c.Skip(fmt.Sprintf("%s: %s", ab, reason))
+	}
+	if v, ok := h.(T); ok {
+		return v
 	}
 	var zero T
 	c.Fatalf("the harness neither implements %T (%s) nor declares it absent in Traits.Absent", &zero, ab)
@@ -107,10 +110,10 @@ type Summary struct {
 
 // CaseResult is the outcome of one case in Report.
 type CaseResult struct {
-	ID, Title      string
-	Passed, Failed int
-	Skipped        string // the reason, when the whole case skipped
-	Elapsed        time.Duration
+	ID, Name, Title string // "F4", "F4_paused_stale_holder", the header text
+	Passed, Failed  int
+	Skipped         string // the reason, when the whole case skipped
+	Elapsed         time.Duration
 	// Timeline holds the events the case recorded, in time order (F4 and
 	// F5 record their processes, the lease and the resource).
 	Timeline []TimelineEvent
@@ -153,7 +156,7 @@ func Report(ctx context.Context, w io.Writer, newHarness NewHarness, opts Report
 		if err := ctx.Err(); err != nil {
 			return sum, errors.Join(werr, err)
 		}
-		res := CaseResult{ID: tc.id, Title: tc.title}
+		res := CaseResult{ID: tc.id, Name: tc.name, Title: tc.title}
 		if opts.Progress != nil {
 			opts.Progress(i, len(selected), res, false)
 		}

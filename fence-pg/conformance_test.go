@@ -9,8 +9,8 @@ import (
 )
 
 // TestConformance runs the leasefence conformance suite against fencepg on
-// one throwaway cluster, once per driver, each driver on its own pair of
-// databases.
+// one throwaway cluster of its own (F8 crashes it), once per driver, each
+// driver on its own pair of databases.
 func TestConformance(t *testing.T) {
 	cluster := pgtemp.StartTB(t)
 	for _, driver := range []string{pgconformance.DriverPgx, pgconformance.DriverLibpq} {
@@ -25,6 +25,8 @@ func TestConformance(t *testing.T) {
 				Driver:      driver,
 				LeaseDSN:    cluster.DSN(leaseDB),
 				ResourceDSN: cluster.DSN(resDB),
+				HolderArgs:  []string{"-test.run=^$"}, // TestMain turns the binary into the holder
+				Cluster:     cluster,                  // F8 crashes it; this test owns it
 			}))
 		})
 	}

@@ -3,6 +3,7 @@ package fencepg_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -13,10 +14,18 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain doubles as the holder process of F4 and F5: the conformance
+// harness re-executes this test binary with pgconformance.HolderEnv set.
+func TestMain(m *testing.M) {
+	if pgconformance.IsHolderProcess() {
+		os.Exit(pgconformance.HolderMain())
+	}
+	pgtest.Main(m)
+}
 
 // fixture is a fresh, migrated pair of databases and the stores on them,
 // all on one driver.

@@ -1,7 +1,8 @@
 // Package pgconformance provides the PostgreSQL harness for the leasefence
 // conformance suite: fencepg's lease store and fenced resource, pgcontrol's
 // negative controls, a long transaction (F2), a commit gap (F6b) and a
-// lock-wait probe (F6b), on either driver.
+// lock-wait probe (F6b), holder processes (F4, F5) and a server crash (F8),
+// on either driver.
 //
 //	func TestConformance(t *testing.T) {
 //		conformance.Run(t, pgconformance.New(pgconformance.Config{
@@ -31,6 +32,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
+	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -45,6 +47,17 @@ type Config struct {
 	Driver      string // DriverPgx or DriverLibpq
 	LeaseDSN    string // the lease database (table lease)
 	ResourceDSN string // the resource database (fence_floor, report_part, write_attempt, published)
+
+	// HolderArgs are the arguments that make the running binary a holder
+	// process (F4, F5), e.g. []string{"-test.run=^$"} for a test binary
+	// whose TestMain calls HolderMain, or []string{"holder"} for the lab.
+	// Nil declares holder processes absent.
+	HolderArgs []string
+
+	// Cluster is the throwaway cluster both databases live on. When set
+	// and local, F8 crashes it with RestartImmediate; nil or an external
+	// server declares crash-and-restart absent.
+	Cluster *pgtemp.Cluster
 }
 
 // New returns the suite's factory for cfg. Each call of the factory opens
@@ -83,6 +96,8 @@ var (
 	_ conformance.CommitGapResources = (*harness)(nil)
 	_ conformance.LockWaitProbe      = (*harness)(nil)
 	_ conformance.NegativeControls   = (*harness)(nil)
+	_ conformance.HolderProcesses    = (*harness)(nil)
+	_ conformance.CrashRestarter     = (*harness)(nil)
 )
 
 func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
@@ -129,14 +144,21 @@ func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
 
 // Traits implements conformance.Harness.
 func (h *harness) Traits() conformance.Traits {
+	absent := map[conformance.Ability]string{}
+	if h.cfg.HolderArgs == nil {
+		absent[conformance.AbilityHolderProcesses] = "pgconformance.Config.HolderArgs is not set: this binary cannot re-execute itself as a holder"
+	}
+	switch {
+	case h.cfg.Cluster == nil:
+		absent[conformance.AbilityCrashRestart] = "pgconformance.Config.Cluster is not set: no server this harness may crash"
+	case h.cfg.Cluster.External():
+		absent[conformance.AbilityCrashRestart] = "external server (LEASEFENCE_PG_URL): the suite does not crash a server it did not start"
+	}
 	return conformance.Traits{
 		Name:      "postgres/" + h.cfg.Driver,
 		MinTTL:    fencepg.MinTTL,
 		TokenStep: 1,
-		Absent: map[conformance.Ability]string{
-			conformance.AbilityHolderProcesses: "not yet implemented (issue 3)",
-			conformance.AbilityCrashRestart:    "not yet implemented (issue 3)",
-		},
+		Absent:    absent,
 	}
 }
 

@@ -1,0 +1,119 @@
+package pgconformance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// HolderEnv is the environment variable that makes a process a holder
+// process: it carries the holder's backend configuration as JSON.
+const HolderEnv = "LEASEFENCE_PG_HOLDER"
+
+// holderSpec is what a holder process needs to reach the same databases.
+type holderSpec struct {
+	Driver      string                   `json:"driver"`
+	LeaseDSN    string                   `json:"lease_dsn"`
+	ResourceDSN string                   `json:"resource_dsn"`
+	Kind        conformance.ResourceKind `json:"kind"`
+}
+
+// HolderCommand implements conformance.HolderProcesses: the running binary
+// itself, started again with Config.HolderArgs and HolderEnv set, so no
+// separate build step exists. The binary must call HolderMain early (a
+// test binary from TestMain, the lab from its holder subcommand).
+func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
+	switch kind {
+	case conformance.KindFenced, conformance.KindUnfenced:
+	default:
+		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("%s: holder command: %w", pkg, err)
+	}
+	spec, err := json.Marshal(holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind})
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, h.cfg.HolderArgs...)
+	cmd.Env = append(os.Environ(), HolderEnv+"="+string(spec))
+	setHolderProcAttr(cmd)
+	return cmd, nil
+}
+
+// IsHolderProcess reports whether this process was started by
+// HolderCommand.
+func IsHolderProcess() bool { return os.Getenv(HolderEnv) != "" }
+
+// HolderMain runs this process as a holder (conformance.RunHolder on stdin
+// and stdout) with the configuration HolderCommand put in the environment,
+// and returns the exit code. Call it when IsHolderProcess is true:
+//
+//	func TestMain(m *testing.M) {
+//		if pgconformance.IsHolderProcess() {
+//			os.Exit(pgconformance.HolderMain())
+//		}
+//		os.Exit(m.Run())
+//	}
+func HolderMain() int {
+	if err := holderMain(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s holder: %v\n", pkg, err)
+		return 1
+	}
+	return 0
+}
+
+func holderMain() error {
+	var spec holderSpec
+	if err := json.Unmarshal([]byte(os.Getenv(HolderEnv)), &spec); err != nil {
+		return fmt.Errorf("%s: %w", HolderEnv, err)
+	}
+	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
+	// and are not caught (they cannot be).
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+
+	// Two connections each: the session's background renewal and the
+	// holder's own statements must not queue behind each other.
+	leasePool, err := pgopen.Open(ctx, spec.Driver, spec.LeaseDSN, 2)
+	if err != nil {
+		return err
+	}
+	defer leasePool.Close()
+	resPool, err := pgopen.Open(ctx, spec.Driver, spec.ResourceDSN, 2)
+	if err != nil {
+		return err
+	}
+	defer resPool.Close()
+	lease, err := leasePool.LeaseStore()
+	if err != nil {
+		return err
+	}
+	var res leasecore.FencedResource
+	switch spec.Kind {
+	case conformance.KindFenced:
+		res, err = resPool.Resource()
+	case conformance.KindUnfenced:
+		controls, cerr := resPool.Controls()
+		if cerr != nil {
+			return cerr
+		}
+		res, err = controls.Unfenced(), nil
+	default:
+		err = errors.New("unknown resource kind " + string(spec.Kind))
+	}
+	if err != nil {
+		return err
+	}
+	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package pgconformance
+
+import "os/exec"
+
+func setHolderProcAttr(*exec.Cmd) {}
