@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/examples/lease-fencing/internal/timeline"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 )
@@ -32,11 +33,13 @@ type config struct {
 	output string // file name under the output directory
 	title  string
 	driver string
+	// pictures: draw F4's and F5's timelines from this configuration's run.
+	pictures bool
 }
 
 var allConfigs = []config{
-	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", pgconformance.DriverPgx},
-	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", pgconformance.DriverLibpq},
+	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", pgconformance.DriverPgx, true},
+	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", pgconformance.DriverLibpq, false},
 }
 
 func configNames() []string {
@@ -82,27 +85,51 @@ func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 	}()
 	l.say("cluster up in %.1fs: PostgreSQL %s", time.Since(t0).Seconds(), cluster.Version())
 
+	var rows []limitsRow
 	for _, cfg := range selected {
-		n, err := l.runConfig(ctx, cluster, cfg)
-		failed += n
+		row, err := l.runConfig(ctx, cluster, cfg)
+		failed += row.Failed
+		rows = append(rows, row)
 		if err != nil {
 			return failed, err
 		}
 	}
-	return failed, nil
+	return failed, l.writeLimits(cluster.Version(), rows)
 }
 
-func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config) (int, error) {
+// serve starts the cluster with empty databases and keeps it until ctx ends.
+func (l *lab) serve(ctx context.Context) (err error) {
+	cluster, err := pgtemp.Start(ctx, pgtemp.WithPort(l.port))
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, cluster.Stop()) }()
+	for _, db := range []string{leaseDB, resourceDB} {
+		if err := cluster.CreateDatabase(ctx, db); err != nil {
+			return err
+		}
+	}
+	l.say("PostgreSQL %s is up; Ctrl-C stops it and deletes its data", cluster.Version())
+	l.say("lease database:  %s", cluster.DSN(leaseDB))
+	l.say("report database: %s", cluster.DSN(resourceDB))
+	<-ctx.Done()
+	l.say("stopping the cluster")
+	return nil
+}
+
+func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config) (limitsRow, error) {
 	// Recreate both databases: every configuration starts from nothing.
 	for _, db := range []string{leaseDB, resourceDB} {
 		if err := cluster.CreateDatabase(ctx, db); err != nil {
-			return 0, err
+			return limitsRow{Name: cfg.name}, err
 		}
 	}
 	nh := pgconformance.New(pgconformance.Config{
 		Driver:      cfg.driver,
 		LeaseDSN:    cluster.DSN(leaseDB),
 		ResourceDSN: cluster.DSN(resourceDB),
+		HolderArgs:  []string{"holder"}, // main runs the holder for this subcommand
+		Cluster:     cluster,            // F8 crashes it
 	})
 
 	var buf bytes.Buffer
@@ -115,7 +142,7 @@ func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config
 		Cases: l.cases,
 		Progress: func(i, n int, r conformance.CaseResult, done bool) {
 			if !done {
-				fmt.Fprintf(l.progress, "lab: [%s] (%d/%d) %s %s ... ", cfg.name, i+1, n, r.ID, shorten(r.Title, 60))
+				fmt.Fprintf(l.progress, "lab: [%s] (%d/%d) %s ... ", cfg.name, i+1, n, r.Name)
 				return
 			}
 			verdict := "ok"
@@ -128,21 +155,48 @@ func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config
 			fmt.Fprintf(l.progress, "%s (passed=%d failed=%d, %.1fs)\n", verdict, r.Passed, r.Failed, r.Elapsed.Seconds())
 		},
 	})
+	row := newLimitsRow(cfg.name, buf.String(), sum.Passed, sum.Failed)
 	path := filepath.Join(l.outDir, cfg.output)
 	if werr := os.WriteFile(path, buf.Bytes(), 0o644); werr != nil {
-		return sum.Failed, errors.Join(err, werr)
+		return row, errors.Join(err, werr)
+	}
+	if cfg.pictures {
+		if perr := l.drawTimelines(sum, cfg); perr != nil {
+			return row, errors.Join(err, perr)
+		}
 	}
 	l.say("[%s] SUMMARY passed=%d failed=%d -> %s", cfg.name, sum.Passed, sum.Failed, path)
-	return sum.Failed, err
+	return row, err
 }
 
 func (l *lab) say(format string, args ...any) {
 	fmt.Fprintf(l.progress, "lab: "+format+"\n", args...)
 }
 
-func shorten(s string, n int) string {
-	if len(s) <= n {
-		return s
+// drawTimelines writes F4's and F5's recorded timelines as SVG pictures.
+func (l *lab) drawTimelines(sum conformance.Summary, cfg config) error {
+	for _, r := range sum.Cases {
+		var name, title string
+		switch r.ID {
+		case "F4":
+			name, title = "f4-timeline.svg", "F4: paused stale holder against the fenced resource ("+cfg.title+")"
+		case "F5":
+			name, title = "f5-timeline.svg", "F5: the same timeline against the unfenced resource ("+cfg.title+")"
+		default:
+			continue
+		}
+		if len(r.Timeline) == 0 {
+			continue // skipped or failed before anything happened
+		}
+		var buf bytes.Buffer
+		if err := timeline.WriteSVG(&buf, title, r.Timeline); err != nil {
+			return err
+		}
+		path := filepath.Join(l.outDir, name)
+		if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+			return err
+		}
+		l.say("[%s] %s timeline -> %s", cfg.name, r.ID, path)
 	}
-	return s[:n-3] + "..."
+	return nil
 }

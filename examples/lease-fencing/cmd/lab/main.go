@@ -3,6 +3,9 @@
 // the evidence files. examples/lease-fencing/run.sh (make lab) runs it.
 //
 //	lab [-port 55426] [-out evidence/26] [-configs pgx,libpq] [-cases F1,F3]
+//	lab -serve    start the cluster with empty lease26 and res26 and keep it
+//	              running until Ctrl-C (for cmd/report-job)
+//	lab holder    (internal: the holder process of F4 and F5; see below)
 package main
 
 import (
@@ -14,9 +17,21 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 )
 
 func main() {
+	// The lab re-executes itself as the holder processes of F4 and F5
+	// (pgconformance.HolderCommand with HolderArgs {"holder"}), so the
+	// experiment needs no separate build step.
+	if len(os.Args) > 1 && os.Args[1] == "holder" {
+		if !pgconformance.IsHolderProcess() {
+			fmt.Fprintln(os.Stderr, "lab holder: started without "+pgconformance.HolderEnv+"; the lab starts holders itself")
+			os.Exit(2)
+		}
+		os.Exit(pgconformance.HolderMain())
+	}
 	os.Exit(run())
 }
 
@@ -26,6 +41,7 @@ func run() int {
 		out     = flag.String("out", "evidence/26", "directory the output files are written to")
 		configs = flag.String("configs", strings.Join(configNames(), ","), "configurations to run, comma-separated")
 		caseIDs = flag.String("cases", "", "cases to run, comma-separated (default: all)")
+		serve   = flag.Bool("serve", false, "only start the cluster with empty lease26 and res26, and wait for Ctrl-C")
 	)
 	flag.Parse()
 
@@ -37,6 +53,13 @@ func run() int {
 
 	start := time.Now()
 	lab := &lab{port: *port, outDir: *out, progress: os.Stderr}
+	if *serve {
+		if err := lab.serve(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "lab: %v\n", err)
+			return 1
+		}
+		return 0
+	}
 	if *caseIDs != "" {
 		lab.cases = strings.Split(*caseIDs, ",")
 	}
