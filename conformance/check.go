@@ -248,10 +248,15 @@ func (c *C) NextToken(what string, prev, got leasecore.Token) {
 	c.Check("I2", what, got > prev, fmt.Sprintf("token>%d", prev), fmt.Sprintf("token=%d", got))
 }
 
-// ttl returns base, or the backend's minimum TTL when that is larger, so
-// timings scale with what the backend honours.
+// ttl returns base, or the backend's minimum TTL when that is larger,
+// rounded up to the backend's TTL granularity, so timings scale with what
+// the backend honours.
 func (c *C) ttl(base time.Duration) time.Duration {
-	return max(base, c.traits.MinTTL)
+	t := max(base, c.traits.MinTTL)
+	if g := c.traits.TTLGranularity; g > 0 && t%g != 0 {
+		t += g - t%g
+	}
+	return t
 }
 
 // scale returns d stretched by the same factor ttl(base) stretched base.

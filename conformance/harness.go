@@ -51,8 +51,12 @@ type Traits struct {
 	// Name identifies the configuration in output, e.g. "postgres/pgx".
 	Name string
 	// MinTTL is the shortest TTL the lease service honours. The suite
-	// scales its timings from it (see scaledTTL).
+	// scales its timings from it.
 	MinTTL time.Duration
+	// TTLGranularity, when not zero, is the unit every TTL must be a
+	// multiple of (etcd leases: whole seconds). The suite rounds its TTLs
+	// up to it and scales the related timings by the same factor.
+	TTLGranularity time.Duration
 	// TokenStep is 1 when every acquire issues exactly the previous
 	// token + 1 (PostgreSQL); 0 when tokens only increase strictly (etcd
 	// revisions). The suite then checks "strictly greater" instead of "+1".

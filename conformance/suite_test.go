@@ -138,3 +138,32 @@ func TestReportFormat(t *testing.T) {
 		t.Errorf("an unknown case ID was accepted")
 	}
 }
+
+// atomicOnly declares the commit gap absent, as etcd does.
+type atomicOnly struct{ *memHarness }
+
+func (h atomicOnly) Traits() conformance.Traits {
+	t := h.memHarness.Traits()
+	t.Absent[conformance.AbilityCommitGap] = "one atomic request, nothing to pause"
+	t.Absent[conformance.AbilityLockWaitProbe] = "no lock to wait on"
+	return t
+}
+
+func TestF6RunsTheAtomicAnalogueWithoutACommitGap(t *testing.T) {
+	sum, out := report(t, func(ctx context.Context) (conformance.Harness, error) {
+		h, _ := newMemHarness(ctx)
+		return atomicOnly{h.(*memHarness)}, nil
+	}, "F6")
+	for _, want := range []string{
+		"  skip commit gap: one atomic request, nothing to pause",
+		"ok   [I3] A then B: the final data is token 2's and the floor is 2",
+		"ok   [I3] B then A: the second writer (token 1) is judged against the advanced floor (expected=first=true second=false",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if sum.Failed != 0 || sum.Passed < 5 {
+		t.Errorf("passed=%d failed=%d:\n%s", sum.Passed, sum.Failed, out)
+	}
+}

@@ -3,6 +3,7 @@ package fencepg
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -25,6 +26,7 @@ type LeaseStore struct {
 var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
+	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
@@ -138,6 +140,66 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 	// The row matched when the statement started, but a concurrent
 	// statement changed it before the update could lock it.
 	return "changed concurrently (released, or expired and taken over, while this statement ran)"
+}
+
+// RenewAll implements leasecore.BatchRenewer with one statement (RenewAll
+// in internal/pgsql) for all of one holder's leases: a holder that owns
+// many names (shard ownership) renews them with one round trip per
+// interval instead of one per name. Each lease is judged by Renew's rule
+// and keeps its own token; the statement returns only the leases it did
+// not renew, with their rows as they were, so lost[i] says why.
+func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
+	const op = "renew all"
+	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+		return nil, nil, err
+	}
+	type jsonGrant struct {
+		Name  string `json:"name"`
+		Token int64  `json:"token"`
+		TTLus int64  `json:"ttl_us"`
+	}
+	in := make([]jsonGrant, len(gs))
+	index := make(map[string]int, len(gs))
+	for i, g := range gs {
+		in[i] = jsonGrant{g.Name, int64(g.Token), g.TTL.Microseconds()}
+		index[g.Name] = i
+	}
+	arg, err := json.Marshal(in)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	start := time.Now() // before the request, as in Renew
+	rows, err := s.db.Query(ctx, pgsql.RenewAll, gs[0].Holder, string(arg))
+	if err != nil {
+		return nil, nil, pgstore.MapError(ctx, pkg, op, err)
+	}
+	defer rows.Close()
+	lost := make([]error, len(gs))
+	for rows.Next() {
+		var (
+			name   string
+			before leaseRow
+			token  int64
+		)
+		if err := rows.Scan(&name, &before.exists, &before.holder, &token, &before.released, &before.held); err != nil {
+			return nil, nil, pgstore.MapError(ctx, pkg, op, err)
+		}
+		before.token = leasecore.Token(token)
+		i := index[name]
+		lost[i] = &leasecore.HoldError{Op: "renew", Name: name, Holder: gs[i].Holder, Token: gs[i].Token,
+			Reason: before.lostReason(gs[i]), Err: leasecore.ErrLost}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, pgstore.MapError(ctx, pkg, op, err)
+	}
+	renewed := make([]leasecore.Grant, len(gs))
+	for i, g := range gs {
+		if lost[i] == nil {
+			g.Start = start
+			renewed[i] = g
+		}
+	}
+	return renewed, lost, nil
 }
 
 // Inspect implements leasecore.LeaseInspector with one SELECT. Held and

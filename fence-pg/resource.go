@@ -3,6 +3,7 @@ package fencepg
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,6 +26,7 @@ type Resource struct {
 
 var (
 	_ leasecore.FencedResource = (*Resource)(nil)
+	_ leasecore.BatchWriter    = (*Resource)(nil)
 	_ leasecore.ResourceReader = (*Resource)(nil)
 )
 
@@ -82,17 +84,60 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	if r.gap != nil {
-		return r.writeWithGap(ctx, w)
-	}
-	res, err := fencedWrite(ctx, r.db, w)
-	return res, pgstore.MapError(ctx, pkg, op, err)
+	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
+		var floor int64
+		err := q.QueryRow(ctx, pgsql.FencedWrite, pgstore.WriteArgs(w)...).Scan(&floor)
+		return floor, err
+	})
 }
 
-// writeWithGap is Write with the test hook: the same statement inside a
-// transaction that stays open while the hook runs.
-func (r *Resource) writeWithGap(ctx context.Context, w leasecore.Write) (res leasecore.Result, err error) {
-	const op = "write"
+// WriteBatch implements leasecore.BatchWriter with one statement (see
+// FencedWriteBatch in internal/pgsql): one floor comparison for the whole
+// batch, every part stored or none, one commit, one write_attempt row per
+// part. Writing summary and detail this way costs one round trip and one
+// commit instead of two.
+func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
+	const op = "write batch"
+	if err := leasecore.CheckBatch(ctx, b); err != nil {
+		return leasecore.Result{}, err
+	}
+	type jsonPart struct {
+		Part    string `json:"part"`
+		Content string `json:"content"`
+	}
+	in := make([]jsonPart, len(b.Parts))
+	for i, p := range b.Parts {
+		in[i] = jsonPart{p.Part, p.Content}
+	}
+	parts, err := json.Marshal(in)
+	if err != nil {
+		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	// The commit gap sees the batch as a write of its first part.
+	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token}
+	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
+		var floor int64
+		err := q.QueryRow(ctx, pgsql.FencedWriteBatch, b.Scope, b.Writer, int64(b.Token), string(parts)).Scan(&floor)
+		return floor, err
+	})
+}
+
+// run executes a fence statement that returns the floor it left: alone in
+// autocommit, or, with the commit-gap test hook, inside a transaction that
+// stays open while the hook runs.
+func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, stmt func(dbx.Querier) (int64, error)) (res leasecore.Result, err error) {
+	// The statement stored the parts exactly when the floor it left equals
+	// our token.
+	result := func(floor int64) leasecore.Result {
+		return leasecore.Result{Accepted: leasecore.Token(floor) == w.Token, Floor: leasecore.Token(floor)}
+	}
+	if r.gap == nil {
+		floor, err := stmt(r.db)
+		if err != nil {
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		}
+		return result(floor), nil
+	}
 	tx, err := r.db.Begin(ctx)
 	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
@@ -103,7 +148,8 @@ func (r *Resource) writeWithGap(ctx context.Context, w leasecore.Write) (res lea
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	if res, err = fencedWrite(ctx, tx, w); err != nil {
+	floor, err := stmt(tx)
+	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	if err = r.gap(ctx, w); err != nil {
@@ -112,19 +158,7 @@ func (r *Resource) writeWithGap(ctx context.Context, w leasecore.Write) (res lea
 	if err = tx.Commit(ctx); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
-	return res, nil
-}
-
-// fencedWrite runs the fence statement on q; its error is the driver's.
-func fencedWrite(ctx context.Context, q dbx.Querier, w leasecore.Write) (leasecore.Result, error) {
-	var floor int64
-	err := q.QueryRow(ctx, pgsql.FencedWrite, pgstore.WriteArgs(w)...).Scan(&floor)
-	if err != nil {
-		return leasecore.Result{}, err
-	}
-	// The statement stored the part exactly when the floor it left equals
-	// our token.
-	return leasecore.Result{Accepted: leasecore.Token(floor) == w.Token, Floor: leasecore.Token(floor)}, nil
+	return result(floor), nil
 }
 
 // Floor implements leasecore.ResourceReader: the scope's floor, 0 when the

@@ -145,9 +145,11 @@ func CheckWrite(ctx context.Context, w Write) error {
 }
 
 // CheckContent validates the content of a write.
-func CheckContent(op, content string) error {
+func CheckContent(op, content string) error { return checkContent(op, "content", content) }
+
+func checkContent(op, field, content string) error {
 	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: "content", Value: quote(content), Reason: reason}
+		return &ArgError{Op: op, Field: field, Value: quote(content), Reason: reason}
 	}
 	switch {
 	case len(content) > MaxContentLen:

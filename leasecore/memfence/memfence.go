@@ -47,6 +47,7 @@ func NewLeases(now func() time.Time) *Leases {
 var (
 	_ leasecore.Lease          = (*Leases)(nil)
 	_ leasecore.LeaseInspector = (*Leases)(nil)
+	_ leasecore.BatchRenewer   = (*Leases)(nil)
 )
 
 // Acquire implements leasecore.Lease.
@@ -85,6 +86,29 @@ func (l *Leases) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant,
 	row.expires = l.now().Add(g.TTL)
 	g.Start = start
 	return g, nil
+}
+
+// RenewAll implements leasecore.BatchRenewer: every grant is judged and
+// renewed on its own, under one lock.
+func (l *Leases) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
+	start := time.Now()
+	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+		return nil, nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	renewed, lost := make([]leasecore.Grant, len(gs)), make([]error, len(gs))
+	for i, g := range gs {
+		row, err := l.current("renew", g)
+		if err != nil {
+			lost[i] = err
+			continue
+		}
+		row.expires = l.now().Add(g.TTL)
+		g.Start = start
+		renewed[i] = g
+	}
+	return renewed, lost, nil
 }
 
 // Release implements leasecore.Lease.

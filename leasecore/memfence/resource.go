@@ -59,6 +59,7 @@ func (r *Resource) Client(opts ...ResourceOption) *Resource {
 
 var (
 	_ leasecore.FencedResource = (*Resource)(nil)
+	_ leasecore.BatchWriter    = (*Resource)(nil)
 	_ leasecore.ResourceReader = (*Resource)(nil)
 )
 
@@ -67,6 +68,22 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
+	return r.write(ctx, w, []leasecore.PartContent{{Part: w.Part, Content: w.Content}})
+}
+
+// WriteBatch implements leasecore.BatchWriter: one floor comparison, all
+// parts stored or none.
+func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
+	if err := leasecore.CheckBatch(ctx, b); err != nil {
+		return leasecore.Result{}, err
+	}
+	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Content: b.Parts[0].Content, Writer: b.Writer, Token: b.Token}
+	return r.write(ctx, w, b.Parts)
+}
+
+// write compares w's token with the floor and applies parts under one
+// lock; w names the scope, writer and token (and is what the gap sees).
+func (r *Resource) write(ctx context.Context, w leasecore.Write, parts []leasecore.PartContent) (leasecore.Result, error) {
 	r.waiting.Add(1)
 	r.mu.Lock()
 	r.waiting.Add(-1)
@@ -87,13 +104,17 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	now := time.Now()
 	if accepted {
 		r.floors[w.Scope] = floor
-		r.parts[[2]string{w.Scope, w.Part}] = leasecore.StoredPart{
-			Scope: w.Scope, Part: w.Part, Content: w.Content, Writer: w.Writer, Token: w.Token, WrittenAt: now,
-		}
 	}
-	r.log = append(r.log, leasecore.Attempt{
-		Scope: w.Scope, Part: w.Part, Writer: w.Writer, Token: w.Token, Accepted: accepted, Floor: floor, At: now,
-	})
+	for _, p := range parts {
+		if accepted {
+			r.parts[[2]string{w.Scope, p.Part}] = leasecore.StoredPart{
+				Scope: w.Scope, Part: p.Part, Content: p.Content, Writer: w.Writer, Token: w.Token, WrittenAt: now,
+			}
+		}
+		r.log = append(r.log, leasecore.Attempt{
+			Scope: w.Scope, Part: p.Part, Writer: w.Writer, Token: w.Token, Accepted: accepted, Floor: floor, At: now,
+		})
+	}
 	return leasecore.Result{Accepted: accepted, Floor: floor}, nil
 }
 

@@ -54,6 +54,25 @@ const Release = `WITH u AS (
   RETURNING 1
 )` + diagnosis
 
+// RenewAll renews many holding periods of holder $1 in one statement: $2
+// is a JSON array of {"name", "token", "ttl_us"}. Each lease is judged on
+// its own, by the same rule as Renew (holder, token, expires_at > now()).
+// It returns one row per lease it did NOT renew, with that lease's row as
+// it was before the statement (see diagnosis): columns name, exists,
+// holder, token, released, held. No row back means all were renewed.
+const RenewAll = `WITH input AS (
+  SELECT * FROM json_to_recordset($2::json) AS i(name text, token bigint, ttl_us bigint)
+), u AS (
+  UPDATE lease l SET expires_at = now() + input.ttl_us * interval '1 microsecond'
+    FROM input
+   WHERE l.name = input.name AND l.holder = $1 AND l.token = input.token AND l.expires_at > now()
+  RETURNING l.name
+)
+SELECT input.name, l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
+       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
+  FROM input LEFT JOIN lease l ON l.name = input.name
+ WHERE input.name NOT IN (SELECT name FROM u)`
+
 // Inspect reads lease $1: holder, token, held, released, and the remaining
 // time in microseconds. The remaining time is computed only for a held
 // lease: subtracting now() from -infinity is an error.

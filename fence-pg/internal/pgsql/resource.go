@@ -41,6 +41,29 @@ const FencedWrite = `WITH floor AS (
 )
 SELECT max_token FROM floor`
 
+// FencedWriteBatch is FencedWrite for several parts of scope $1 by writer
+// $2 under token $3: one floor comparison, then every part of $4 (a JSON
+// array of {"part", "content"}) stored, or none, and one write_attempt row
+// per part. The same locking argument as FencedWrite applies: one
+// statement, one commit, the floor row locked throughout. The parts travel
+// as one JSON text parameter so that every driver can send them (arrays
+// need driver-specific encoding).
+const FencedWriteBatch = `WITH floor AS (
+  INSERT INTO fence_floor AS f (scope, max_token) VALUES ($1, $3)
+  ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
+  RETURNING f.max_token
+), input AS (
+  SELECT * FROM json_to_recordset($4::json) AS i(part text, content text)
+), part AS (
+  INSERT INTO report_part AS p (scope, part, content, writer, token)
+  SELECT $1::text, input.part, input.content, $2::text, $3::bigint FROM floor, input WHERE floor.max_token = $3
+  ` + upsertPart + `
+), attempt AS (
+  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  SELECT $1::text, input.part, $2::text, $3::bigint, floor.max_token = $3, floor.max_token FROM floor, input
+)
+SELECT max_token FROM floor`
+
 // upsertPart overwrites an existing part with the new content.
 const upsertPart = `ON CONFLICT (scope, part) DO UPDATE
      SET content = EXCLUDED.content, writer = EXCLUDED.writer,

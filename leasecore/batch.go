@@ -1,0 +1,124 @@
+package leasecore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// PartContent is one part of a Batch.
+type PartContent struct {
+	Part    string
+	Content string
+}
+
+// Batch is several parts of one scope written under one token, all or none:
+// the daily report's summary and detail together.
+type Batch struct {
+	Scope  string
+	Writer string
+	Token  Token
+	Parts  []PartContent
+}
+
+// MaxBatchParts is the largest number of parts in one Batch. The content
+// of all parts together is limited to MaxContentLen.
+const MaxBatchParts = 64
+
+// BatchWriter is an optional interface that may be implemented by a
+// FencedResource. WriteBatch compares b.Token with the scope's floor once
+// and, when it is accepted, stores every part in the same atomic operation
+// (one commit); otherwise it stores none. Each part's attempt is logged.
+// Without it, a caller writes the parts one by one, and a newer holder can
+// get in between: the first parts accepted, the rest rejected.
+type BatchWriter interface {
+	WriteBatch(ctx context.Context, b Batch) (Result, error)
+}
+
+// CheckBatch validates a batch: scope, writer and token as for a Write,
+// 1 to MaxBatchParts parts with distinct valid names, each content valid,
+// and all content together at most MaxContentLen bytes.
+func CheckBatch(ctx context.Context, b Batch) error {
+	const op = "write batch"
+	if err := CheckName(op, "scope", b.Scope); err != nil {
+		return err
+	}
+	if err := CheckName(op, "writer", b.Writer); err != nil {
+		return err
+	}
+	if err := CheckToken(op, b.Token); err != nil {
+		return err
+	}
+	if len(b.Parts) == 0 || len(b.Parts) > MaxBatchParts {
+		return &ArgError{Op: op, Field: "parts", Value: fmt.Sprint(len(b.Parts)),
+			Reason: fmt.Sprintf("must hold 1 to %d parts", MaxBatchParts)}
+	}
+	seen := make(map[string]int, len(b.Parts))
+	total := 0
+	for i, p := range b.Parts {
+		if err := CheckName(op, fmt.Sprintf("parts[%d].part", i), p.Part); err != nil {
+			return err
+		}
+		if j, dup := seen[p.Part]; dup {
+			return &ArgError{Op: op, Field: fmt.Sprintf("parts[%d].part", i), Value: quote(p.Part),
+				Reason: fmt.Sprintf("repeats parts[%d]", j)}
+		}
+		seen[p.Part] = i
+		if err := checkContent(op, fmt.Sprintf("parts[%d].content", i), p.Content); err != nil {
+			return err
+		}
+		total += len(p.Content)
+	}
+	if total > MaxContentLen {
+		return &ArgError{Op: op, Field: "parts", Value: fmt.Sprintf("%d bytes", total),
+			Reason: fmt.Sprintf("content of all parts together is larger than %d bytes", MaxContentLen)}
+	}
+	return CheckContext(op, ctx)
+}
+
+// BatchRenewer is an optional interface that may be implemented by a Lease.
+// A holder that owns many leases (shard ownership) renews them all in one
+// operation instead of one round trip per name. Each lease keeps its own
+// token and its own holding period; the rules of Lease.Renew apply to each.
+//
+// RenewAll returns, in the order of gs, the renewed grant (with a new
+// Start) or, in lost[i], an error wrapping ErrLost for a grant whose hold
+// is over; lost[i] is nil for a renewed grant. err is for the operation as
+// a whole (bad input, backend unavailable), and then nothing was renewed
+// for certain.
+type BatchRenewer interface {
+	RenewAll(ctx context.Context, gs []Grant) (renewed []Grant, lost []error, err error)
+}
+
+// MaxRenewAll is the largest number of grants in one RenewAll.
+const MaxRenewAll = 10000
+
+// CheckRenewAll validates the grants of RenewAll: 1 to MaxRenewAll valid
+// grants of one holder, with distinct names.
+func CheckRenewAll(ctx context.Context, gs []Grant, minTTL time.Duration) error {
+	const op = "renew all"
+	if len(gs) == 0 || len(gs) > MaxRenewAll {
+		return &ArgError{Op: op, Field: "grants", Value: fmt.Sprint(len(gs)),
+			Reason: fmt.Sprintf("must hold 1 to %d grants", MaxRenewAll)}
+	}
+	seen := make(map[string]int, len(gs))
+	for i, g := range gs {
+		if err := CheckGrant(ctx, op, g, minTTL); err != nil {
+			if ae := (*ArgError)(nil); errors.As(err, &ae) {
+				ae.Field = fmt.Sprintf("grants[%d].%s", i, ae.Field)
+			}
+			return err
+		}
+		if g.Holder != gs[0].Holder {
+			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].holder", i), Value: quote(g.Holder),
+				Reason: fmt.Sprintf("differs from grants[0].holder %s: one call renews one holder's leases", quote(gs[0].Holder))}
+		}
+		if j, dup := seen[g.Name]; dup {
+			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].name", i), Value: quote(g.Name),
+				Reason: fmt.Sprintf("repeats grants[%d]", j)}
+		}
+		seen[g.Name] = i
+	}
+	return nil
+}
