@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-modules=(leasecore conformance fence-pg examples/lease-fencing)
+modules=(leasecore conformance fence-pg fence-etcd examples/lease-fencing)
 
 unformatted=$(gofmt -l "${modules[@]}")
 if [ -n "$unformatted" ]; then
@@ -15,7 +15,7 @@ if [ -n "$unformatted" ]; then
 fi
 
 # The workspace builds as a whole too.
-go build ./leasecore/... ./conformance/... ./fence-pg/... ./examples/lease-fencing/...
+go build ./leasecore/... ./conformance/... ./fence-pg/... ./fence-etcd/... ./examples/lease-fencing/...
 
 for m in "${modules[@]}"; do
   echo "== $m"

@@ -11,10 +11,14 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/examples/lease-fencing/internal/mixed"
 	"github.com/leasefence/leasefence/examples/lease-fencing/internal/timeline"
+	"github.com/leasefence/leasefence/fence-etcd/etcdconformance"
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 )
@@ -27,19 +31,65 @@ const (
 	resourceDB = "res26"
 )
 
+// servers are what the lab started: the PostgreSQL cluster always, etcd
+// when a selected configuration needs it.
+type servers struct {
+	cluster *pgtemp.Cluster
+	etcd    *etcdtemp.Server
+}
+
 // config is one backend configuration the lab runs the suite on.
 type config struct {
 	name   string // as given to -configs
 	output string // file name under the output directory
 	title  string
-	driver string
-	// pictures: draw F4's and F5's timelines from this configuration's run.
-	pictures bool
+	// lane groups configurations that share servers and run one after the
+	// other; lanes run at the same time, each on servers of its own, so a
+	// crash case (F8) in one lane never touches another.
+	lane     string
+	pg, etcd bool // which servers the configuration uses
+	pictures bool // draw F4's and F5's timelines from this run
+	harness  func(s servers) conformance.NewHarness
+}
+
+// The holder processes of every configuration are this binary's holder
+// subcommand; main tells them apart by their environment.
+var holderArgs = []string{"holder"}
+
+func pgHarness(driver string) func(s servers) conformance.NewHarness {
+	return func(s servers) conformance.NewHarness {
+		return pgconformance.New(pgconformance.Config{
+			Driver:      driver,
+			LeaseDSN:    s.cluster.DSN(leaseDB),
+			ResourceDSN: s.cluster.DSN(resourceDB),
+			HolderArgs:  holderArgs,
+			Cluster:     s.cluster, // F8 crashes it
+		})
+	}
 }
 
 var allConfigs = []config{
-	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", pgconformance.DriverPgx, true},
-	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", pgconformance.DriverLibpq, false},
+	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", "postgres", true, false, true, pgHarness(pgconformance.DriverPgx)},
+	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", "postgres", true, false, false, pgHarness(pgconformance.DriverLibpq)},
+	{"etcd", "output-etcd.txt", "etcd, lease and resource (tokens are revisions)", "etcd", false, true, false, func(s servers) conformance.NewHarness {
+		return etcdconformance.New(etcdconformance.Config{
+			Endpoints:  s.etcd.Endpoints(),
+			HolderArgs: holderArgs,
+			Crash: func(ctx context.Context) (string, time.Duration, error) {
+				d, err := s.etcd.KillRestart(ctx)
+				return "SIGKILL to the etcd server process, restart on the same data directory (WAL replay)", d, err
+			},
+		})
+	}},
+	{"etcd-lease-pg-resource", "output-etcd-lease-pg-resource.txt", "etcd lease, PostgreSQL resource (pgx/v5)", "pair", true, true, false, func(s servers) conformance.NewHarness {
+		return mixed.New(mixed.Config{
+			EtcdEndpoints: s.etcd.Endpoints(),
+			Resource: pgconformance.Config{
+				Driver: pgconformance.DriverPgx, LeaseDSN: s.cluster.DSN(leaseDB), ResourceDSN: s.cluster.DSN(resourceDB),
+			},
+			HolderArgs: holderArgs,
+		})
+	}},
 }
 
 func configNames() []string {
@@ -73,28 +123,89 @@ func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 		return 0, err
 	}
 
-	l.say("starting a temporary PostgreSQL cluster on 127.0.0.1:%d", l.port)
-	t0 := time.Now()
-	cluster, err := pgtemp.Start(ctx, pgtemp.WithPort(l.port))
-	if err != nil {
-		return 0, err
-	}
-	defer func() {
-		l.say("stopping the cluster")
-		err = errors.Join(err, cluster.Stop())
-	}()
-	l.say("cluster up in %.1fs: PostgreSQL %s", time.Since(t0).Seconds(), cluster.Version())
-
-	var rows []limitsRow
-	for _, cfg := range selected {
-		row, err := l.runConfig(ctx, cluster, cfg)
-		failed += row.Failed
-		rows = append(rows, row)
-		if err != nil {
-			return failed, err
+	var lanes []string
+	for _, c := range selected {
+		if !slices.Contains(lanes, c.lane) {
+			lanes = append(lanes, c.lane)
 		}
 	}
-	return failed, l.writeLimits(cluster.Version(), rows)
+	rows := make([]limitsRow, len(selected))
+	errs := make([]error, len(lanes))
+	var pgVersion string
+	var wg sync.WaitGroup
+	for li, lane := range lanes {
+		wg.Go(func() {
+			var cfgs []int
+			for i, c := range selected {
+				if c.lane == lane {
+					cfgs = append(cfgs, i)
+				}
+			}
+			// The PostgreSQL lane gets the lab's fixed port; the pair's
+			// cluster takes a free one.
+			port := 0
+			if lane == "postgres" {
+				port = l.port
+			}
+			errs[li] = l.withServers(ctx, lane, port, selected[cfgs[0]], func(srv servers) error {
+				if srv.cluster != nil && lane == "postgres" {
+					pgVersion = srv.cluster.Version()
+				}
+				for _, i := range cfgs {
+					row, err := l.runConfig(ctx, srv, selected[i])
+					rows[i] = row
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for _, r := range rows {
+		failed += r.Failed
+	}
+	if err := errors.Join(errs...); err != nil {
+		return failed, err
+	}
+	return failed, l.writeLimits(pgVersion, rows)
+}
+
+// withServers starts the servers a lane needs (cfg says which), runs fn,
+// and stops them, also when fn fails or ctx ends.
+func (l *lab) withServers(ctx context.Context, lane string, port int, cfg config, fn func(servers) error) (err error) {
+	var srv servers
+	if cfg.pg {
+		t0 := time.Now()
+		opts := []pgtemp.Option{}
+		if port != 0 {
+			opts = append(opts, pgtemp.WithPort(port))
+			l.say("[%s] starting a temporary PostgreSQL cluster on 127.0.0.1:%d", lane, port)
+		}
+		if srv.cluster, err = pgtemp.Start(ctx, opts...); err != nil {
+			return err
+		}
+		defer func() {
+			l.say("[%s] stopping the PostgreSQL cluster", lane)
+			err = errors.Join(err, srv.cluster.Stop())
+		}()
+		l.say("[%s] PostgreSQL %s up on port %d in %.1fs", lane, srv.cluster.Version(), srv.cluster.Port(), time.Since(t0).Seconds())
+	}
+	if cfg.etcd {
+		t0 := time.Now()
+		// The etcd server is this binary too, re-executed with the
+		// etcd-server subcommand, so F8 can SIGKILL it and restart it.
+		if srv.etcd, err = etcdtemp.Start(ctx, etcdtemp.WithArgs("etcd-server")); err != nil {
+			return err
+		}
+		defer func() {
+			l.say("[%s] stopping etcd", lane)
+			err = errors.Join(err, srv.etcd.Stop())
+		}()
+		l.say("[%s] etcd %s up at %s in %.1fs", lane, srv.etcd.Version(), strings.Join(srv.etcd.Endpoints(), ","), time.Since(t0).Seconds())
+	}
+	return fn(srv)
 }
 
 // serve starts the cluster with empty databases and keeps it until ctx ends.
@@ -117,32 +228,32 @@ func (l *lab) serve(ctx context.Context) (err error) {
 	return nil
 }
 
-func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config) (limitsRow, error) {
-	// Recreate both databases: every configuration starts from nothing.
-	for _, db := range []string{leaseDB, resourceDB} {
-		if err := cluster.CreateDatabase(ctx, db); err != nil {
-			return limitsRow{Name: cfg.name}, err
-		}
-	}
-	nh := pgconformance.New(pgconformance.Config{
-		Driver:      cfg.driver,
-		LeaseDSN:    cluster.DSN(leaseDB),
-		ResourceDSN: cluster.DSN(resourceDB),
-		HolderArgs:  []string{"holder"}, // main runs the holder for this subcommand
-		Cluster:     cluster,            // F8 crashes it
-	})
-
+func (l *lab) runConfig(ctx context.Context, srv servers, cfg config) (limitsRow, error) {
 	var buf bytes.Buffer
 	fmt.Fprintf(&buf, "# leasefence lab: %s\n", cfg.title)
-	fmt.Fprintf(&buf, "# PostgreSQL %s on 127.0.0.1:%d, databases %s and %s; %s %s/%s; %s\n",
-		cluster.Version(), l.port, leaseDB, resourceDB, runtime.Version(), runtime.GOOS, runtime.GOARCH,
-		time.Now().UTC().Format(time.RFC3339))
+	var where []string
+	if cfg.pg {
+		// Recreate both databases: every configuration starts from nothing.
+		for _, db := range []string{leaseDB, resourceDB} {
+			if err := srv.cluster.CreateDatabase(ctx, db); err != nil {
+				return limitsRow{Name: cfg.name}, err
+			}
+		}
+		where = append(where, fmt.Sprintf("PostgreSQL %s on 127.0.0.1:%d, databases %s and %s",
+			srv.cluster.Version(), srv.cluster.Port(), leaseDB, resourceDB))
+	}
+	if cfg.etcd {
+		where = append(where, fmt.Sprintf("etcd %s at %s", srv.etcd.Version(), strings.Join(srv.etcd.Endpoints(), ",")))
+	}
+	where = append(where, fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH), time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(&buf, "# %s\n", strings.Join(where, "; "))
+	nh := cfg.harness(srv)
 	l.say("[%s] %s", cfg.name, cfg.title)
 	sum, err := conformance.Report(ctx, &buf, nh, conformance.ReportOptions{
 		Cases: l.cases,
 		Progress: func(i, n int, r conformance.CaseResult, done bool) {
+			// One whole line per event: lanes print at the same time.
 			if !done {
-				fmt.Fprintf(l.progress, "lab: [%s] (%d/%d) %s ... ", cfg.name, i+1, n, r.Name)
 				return
 			}
 			verdict := "ok"
@@ -152,7 +263,7 @@ func (l *lab) runConfig(ctx context.Context, cluster *pgtemp.Cluster, cfg config
 			case r.Skipped != "":
 				verdict = "skipped: " + r.Skipped
 			}
-			fmt.Fprintf(l.progress, "%s (passed=%d failed=%d, %.1fs)\n", verdict, r.Passed, r.Failed, r.Elapsed.Seconds())
+			l.say("[%s] (%d/%d) %s ... %s (passed=%d failed=%d, %.1fs)", cfg.name, i+1, n, r.Name, verdict, r.Passed, r.Failed, r.Elapsed.Seconds())
 		},
 	})
 	row := newLimitsRow(cfg.name, buf.String(), sum.Passed, sum.Failed)

@@ -47,6 +47,10 @@ func (l *lab) writeLimits(pgVersion string, rows []limitsRow) error {
 	for _, r := range rows {
 		names = append(names, r.Name)
 	}
+	byName := map[string]limitsRow{}
+	for _, r := range rows {
+		byName[r.Name] = r
+	}
 	t, err := template.New("limits").Parse(limitsTemplate)
 	if err != nil {
 		return err
@@ -56,15 +60,13 @@ func (l *lab) writeLimits(pgVersion string, rows []limitsRow) error {
 		return err
 	}
 	err = t.Execute(f, map[string]any{
-		"Date":            time.Now().UTC().Format(time.RFC3339),
-		"PGVersion":       pgVersion,
-		"GoVersion":       runtime.Version(),
-		"CPUs":            runtime.NumCPU(),
-		"Configs":         strings.Join(names, ", "),
-		"Downtime":        rows[0].Downtime,
-		"Remaining":       rows[0].Remaining,
-		"ExpiryAfterStop": rows[0].ExpiryAfterStop,
-		"Rows":            rows,
+		"Date":      time.Now().UTC().Format(time.RFC3339),
+		"PGVersion": pgVersion,
+		"GoVersion": runtime.Version(),
+		"CPUs":      runtime.NumCPU(),
+		"Configs":   strings.Join(names, ", "),
+		"ByName":    byName,
+		"Rows":      rows,
 	})
 	if cerr := f.Close(); err == nil {
 		err = cerr

@@ -5,7 +5,8 @@
 //	lab [-port 55426] [-out evidence/26] [-configs pgx,libpq] [-cases F1,F3]
 //	lab -serve    start the cluster with empty lease26 and res26 and keep it
 //	              running until Ctrl-C (for cmd/report-job)
-//	lab holder    (internal: the holder process of F4 and F5; see below)
+//	lab holder       (internal: the holder process of F4 and F5; see below)
+//	lab etcd-server  (internal: the lab's etcd server, a child it can SIGKILL)
 package main
 
 import (
@@ -18,6 +19,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/leasefence/leasefence/examples/lease-fencing/internal/mixed"
+	"github.com/leasefence/leasefence/fence-etcd/etcdconformance"
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 )
 
@@ -25,12 +29,27 @@ func main() {
 	// The lab re-executes itself as the holder processes of F4 and F5
 	// (pgconformance.HolderCommand with HolderArgs {"holder"}), so the
 	// experiment needs no separate build step.
-	if len(os.Args) > 1 && os.Args[1] == "holder" {
-		if !pgconformance.IsHolderProcess() {
-			fmt.Fprintln(os.Stderr, "lab holder: started without "+pgconformance.HolderEnv+"; the lab starts holders itself")
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "holder":
+			switch {
+			case pgconformance.IsHolderProcess():
+				os.Exit(pgconformance.HolderMain())
+			case etcdconformance.IsHolderProcess():
+				os.Exit(etcdconformance.HolderMain())
+			case mixed.IsHolderProcess():
+				os.Exit(mixed.HolderMain())
+			}
+			fmt.Fprintln(os.Stderr, "lab holder: started without a holder environment; the lab starts holders itself")
 			os.Exit(2)
+		case "etcd-server":
+			// The lab's etcd server, a child it can SIGKILL (etcdtemp).
+			if !etcdtemp.IsServeProcess() {
+				fmt.Fprintln(os.Stderr, "lab etcd-server: started without "+etcdtemp.ServeEnv+"; the lab starts it itself")
+				os.Exit(2)
+			}
+			os.Exit(etcdtemp.Serve())
 		}
-		os.Exit(pgconformance.HolderMain())
 	}
 	os.Exit(run())
 }

@@ -1,0 +1,40 @@
+// Command bench measures what fencing costs, side by side: every variant
+// runs in the same process against the same servers, interleaved over
+// several rounds, and the report gives medians and ratios of two variants
+// of one run (the machines are shared and noisy; absolute numbers are
+// not comparable between runs, ratios mostly are). `make bench` runs it.
+//
+//	bench [-rounds 5] [-benchtime 300ms] [-out evidence/bench] [-lab run.sh] [-docs docs/performance.md]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func main() {
+	testing.Init() // Go's benchmark harness, outside go test
+	rounds := flag.Int("rounds", 5, "interleaved rounds per variant; the median is reported")
+	benchtime := flag.Duration("benchtime", 300*time.Millisecond, "target time per variant per round")
+	out := flag.String("out", "", "directory to write the report (latest.txt) to; empty: stdout only")
+	lab := flag.String("lab", "", "path of run.sh: when set, the whole lab is timed once (lab_wall_seconds)")
+	scaling := flag.String("scaling", "1,1000,100000", "existing leases/scopes for the scaling table")
+	docs := flag.String("docs", "", "markdown file whose bench section (between <!-- bench:begin --> and <!-- bench:end -->) gets this run's report")
+	flag.Parse()
+	if err := flag.Set("test.benchtime", benchtime.String()); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, config{rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs}); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}

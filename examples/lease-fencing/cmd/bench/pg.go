@@ -1,0 +1,354 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/pgtemp"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// plainUpsert is the baseline: the plain single-statement upsert of the
+// same row, with the same durability, that an unfenced report job runs.
+const plainUpsert = `INSERT INTO report_part (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
+  token = EXCLUDED.token, written_at = clock_timestamp()`
+
+// The article's transaction-style fence: BEGIN; conditional floor UPDATE;
+// upsert; COMMIT — four round trips, the floor row locked across them.
+const articleFloorUpdate = `UPDATE fence_floor SET max_token = $1 WHERE scope = $2 AND max_token <= $1`
+
+const content = "rows=100 total=12345.67 generated for the daily report"
+
+// pgEnv is a throwaway cluster with a lease database and a report
+// database, and pools on both.
+type pgEnv struct {
+	cluster   *pgtemp.Cluster
+	leasePool *pgxpool.Pool
+	resPool   *pgxpool.Pool
+	par       *pgxpool.Pool // exactly `clients` connections, for the concurrent variants
+	leases    *fencepg.LeaseStore
+	res       *fencepg.Resource
+	parRes    *fencepg.Resource
+}
+
+// clients is the number of concurrent writers in the contention variants.
+const clients = 8
+
+func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error) {
+	e := &pgEnv{}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.close())
+		}
+	}()
+	say("starting a throwaway PostgreSQL cluster (durability on)")
+	if e.cluster, err = pgtemp.Start(ctx); err != nil {
+		return nil, err
+	}
+	for _, db := range []string{"bench_lease", "bench_res", "scale_lease", "scale_res"} {
+		if err := e.cluster.CreateDatabase(ctx, db); err != nil {
+			return nil, err
+		}
+	}
+	open := func(db string, conns int32) (*pgxpool.Pool, error) {
+		cfg, err := pgxpool.ParseConfig(e.cluster.DSN(db))
+		if err != nil {
+			return nil, err
+		}
+		cfg.MaxConns, cfg.MinConns = conns, conns
+		return pgxpool.NewWithConfig(ctx, cfg)
+	}
+	if e.leasePool, err = open("bench_lease", 2); err != nil {
+		return nil, err
+	}
+	if e.resPool, err = open("bench_res", 2); err != nil {
+		return nil, err
+	}
+	if e.par, err = open("bench_res", clients); err != nil {
+		return nil, err
+	}
+	if e.leases, err = fencepg.NewLeaseStore(e.leasePool); err != nil {
+		return nil, err
+	}
+	if e.res, err = fencepg.NewResource(e.resPool); err != nil {
+		return nil, err
+	}
+	if e.parRes, err = fencepg.NewResource(e.par); err != nil {
+		return nil, err
+	}
+	if err := e.leases.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	if err := e.res.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	_, err = e.resPool.Exec(ctx, `INSERT INTO fence_floor (scope, max_token) VALUES ('bench-article', 0)`)
+	return e, err
+}
+
+func (e *pgEnv) close() error {
+	for _, p := range []*pgxpool.Pool{e.leasePool, e.resPool, e.par} {
+		if p != nil {
+			p.Close()
+		}
+	}
+	if e.cluster != nil {
+		return e.cluster.Stop()
+	}
+	return nil
+}
+
+// pgVariants returns the PostgreSQL variants, each ready to run (leases
+// acquired, rows present), so every round measures the steady state.
+func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
+	// acquire: names are revisited only after their 10 ms TTL has run out,
+	// so each acquire takes an expired lease (the UPDATE path, as in real
+	// use) rather than inserting a new row.
+	const acqNames = 256
+	acquireTTL := fencepg.MinTTL
+	for i := range acqNames {
+		if _, err := e.leases.Acquire(ctx, fmt.Sprintf("bench-acq-%03d", i), "bench", acquireTTL); err != nil {
+			return nil, err
+		}
+	}
+	renewGrant, err := e.leases.Acquire(ctx, "bench-renew", "bench", time.Hour)
+	if err != nil {
+		return nil, err
+	}
+	var shards []leasecore.Grant
+	for i := range 1000 {
+		g, err := e.leases.Acquire(ctx, fmt.Sprintf("bench-shard-%04d", i), "bench-shards", time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		shards = append(shards, g)
+	}
+	parallel := func(b *testing.B, body func(id int) error) {
+		// clients goroutines in all, each on its own connection of e.par.
+		b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+		var next atomic.Int64
+		b.RunParallel(func(pb *testing.PB) {
+			id := int(next.Add(1))
+			for pb.Next() {
+				if err := body(id); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	mustAccept := func(r leasecore.Result, err error) error {
+		if err == nil && !r.Accepted {
+			err = fmt.Errorf("write rejected: floor %d", r.Floor)
+		}
+		return err
+	}
+	acqSeq := 0
+	return []variant{
+		{"unfenced_upsert", 1, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := e.resPool.Exec(ctx, plainUpsert, "bench-plain", "summary", content, "holder-a", 1); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"fenced_write", 1, func(b *testing.B) {
+			w := leasecore.Write{Scope: "bench-fenced", Part: "summary", Content: content, Writer: "holder-a", Token: 1}
+			for b.Loop() {
+				if err := mustAccept(e.res.Write(ctx, w)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"article_txn_fence", 1, func(b *testing.B) {
+			for b.Loop() {
+				if err := articleFence(ctx, e.resPool); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"batch2_per_part", 2, func(b *testing.B) {
+			batch := leasecore.Batch{Scope: "bench-batch", Writer: "holder-a", Token: 1,
+				Parts: []leasecore.PartContent{{Part: "summary", Content: content}, {Part: "detail", Content: content}}}
+			for b.Loop() {
+				if err := mustAccept(e.res.WriteBatch(ctx, batch)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"acquire", 1, func(b *testing.B) {
+			for b.Loop() {
+				acqSeq++
+				if _, err := e.leases.Acquire(ctx, fmt.Sprintf("bench-acq-%03d", acqSeq%acqNames), "bench", acquireTTL); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"renew", 1, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := e.leases.Renew(ctx, renewGrant); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"renew_1000_leases_per_lease", 1000, func(b *testing.B) {
+			for b.Loop() {
+				_, lost, err := e.leases.RenewAll(ctx, shards)
+				if err == nil {
+					err = errors.Join(lost...)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"unfenced_8_clients", 1, func(b *testing.B) {
+			parallel(b, func(id int) error {
+				_, err := e.par.Exec(ctx, plainUpsert, "bench-par", fmt.Sprintf("part-%d", id), content, "holder-a", 1)
+				return err
+			})
+		}},
+		{"fenced_8_scopes_8_clients", 1, func(b *testing.B) {
+			parallel(b, func(id int) error {
+				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("bench-scope-%d", id),
+					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
+			})
+		}},
+		{"fenced_1_scope_8_clients", 1, func(b *testing.B) {
+			parallel(b, func(id int) error {
+				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: "bench-one-scope",
+					Part: fmt.Sprintf("part-%d", id), Content: content, Writer: "holder-a", Token: 1}))
+			})
+		}},
+	}, nil
+}
+
+// articleFence is the article's fence as a transaction of four round
+// trips (no attempt log).
+func articleFence(ctx context.Context, pool *pgxpool.Pool) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
+	tag, err := tx.Exec(ctx, articleFloorUpdate, int64(1), "bench-article")
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return errors.New("article fence rejected the write")
+	}
+	if _, err := tx.Exec(ctx, plainUpsert, "bench-article", "summary", content, "holder-a", 1); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+type scaleRow struct {
+	n              int
+	acquire, write float64 // median ns/op; acquire is an acquire+release pair
+}
+
+type scaleResult struct {
+	rounds int
+	rows   []scaleRow
+}
+
+// pgScaling measures acquire and fenced-write latency with n existing
+// leases and scopes, for each n: both should stay flat (one index lookup
+// each).
+func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...any)) (scaleResult, error) {
+	const rounds = 3
+	res := scaleResult{rounds: rounds}
+	leasePool, err := pgxpool.New(ctx, e.cluster.DSN("scale_lease"))
+	if err != nil {
+		return res, err
+	}
+	defer leasePool.Close()
+	resPool, err := pgxpool.New(ctx, e.cluster.DSN("scale_res"))
+	if err != nil {
+		return res, err
+	}
+	defer resPool.Close()
+	leases, _ := fencepg.NewLeaseStore(leasePool)
+	r, _ := fencepg.NewResource(resPool)
+	if err := leases.Migrate(ctx); err != nil {
+		return res, err
+	}
+	if err := r.Migrate(ctx); err != nil {
+		return res, err
+	}
+	for _, n := range sizes {
+		say("scaling: %d existing leases and scopes", n)
+		if _, err := leasePool.Exec(ctx, `TRUNCATE lease`); err != nil {
+			return res, err
+		}
+		if _, err := resPool.Exec(ctx, `TRUNCATE fence_floor, report_part, write_attempt`); err != nil {
+			return res, err
+		}
+		// n released leases, and n scopes with one part each.
+		if _, err := leasePool.Exec(ctx, `INSERT INTO lease (name, holder, token, expires_at)
+			SELECT 'lease-' || g, 'bench', 1, '-infinity' FROM generate_series(1, $1) g`, n); err != nil {
+			return res, err
+		}
+		if _, err := resPool.Exec(ctx, `INSERT INTO fence_floor (scope, max_token)
+			SELECT 'scope-' || g, 1 FROM generate_series(1, $1) g`, n); err != nil {
+			return res, err
+		}
+		if _, err := resPool.Exec(ctx, `INSERT INTO report_part (scope, part, content, writer, token)
+			SELECT 'scope-' || g, 'summary', 'x', 'bench', 1 FROM generate_series(1, $1) g`, n); err != nil {
+			return res, err
+		}
+		for _, p := range []*pgxpool.Pool{leasePool, resPool} {
+			if _, err := p.Exec(ctx, `ANALYZE`); err != nil {
+				return res, err
+			}
+		}
+		seq := 0
+		// Acquire a released lease and release it again: the pair keeps
+		// every lease free, for any n, with no timing tricks.
+		acq := func(b *testing.B) {
+			for b.Loop() {
+				seq++
+				g, err := leases.Acquire(ctx, fmt.Sprintf("lease-%d", 1+seq%n), "bench", time.Hour)
+				if err == nil {
+					err = leases.Release(ctx, g)
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		wr := func(b *testing.B) {
+			w := leasecore.Write{Scope: fmt.Sprintf("scope-%d", 1+n/2), Part: "summary", Content: content, Writer: "bench", Token: 1}
+			for b.Loop() {
+				if _, err := r.Write(ctx, w); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		var acqs, writes []float64
+		for range rounds {
+			acqs = append(acqs, float64(testing.Benchmark(acq).NsPerOp()))
+			writes = append(writes, float64(testing.Benchmark(wr).NsPerOp()))
+		}
+		res.rows = append(res.rows, scaleRow{n: n, acquire: median(acqs), write: median(writes)})
+	}
+	return res, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package mixed
+
+import "os/exec"
+
+func setHolderProcAttr(*exec.Cmd) {}

@@ -1,0 +1,94 @@
+package etcdconformance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+func TestTraits(t *testing.T) {
+	crash := func(context.Context) (string, time.Duration, error) { return "", 0, nil }
+	for _, c := range []struct {
+		cfg    Config
+		absent []conformance.Ability
+	}{
+		{Config{Endpoints: []string{"x"}, HolderArgs: []string{"-test.run=^$"}, Crash: crash},
+			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe}},
+		{Config{Endpoints: []string{"x"}},
+			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe,
+				conformance.AbilityHolderProcesses, conformance.AbilityCrashRestart}},
+	} {
+		h, err := New(c.cfg)(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := h.Traits()
+		if tr.Name != "etcd" || tr.MinTTL != time.Second || tr.TTLGranularity != time.Second || tr.TokenStep != 0 {
+			t.Fatalf("traits: %+v", tr)
+		}
+		var got []conformance.Ability
+		for ab, reason := range tr.Absent {
+			if reason == "" {
+				t.Errorf("%s declared absent without a reason", ab)
+			}
+			got = append(got, ab)
+		}
+		slices.Sort(got)
+		slices.Sort(c.absent)
+		if !slices.Equal(got, c.absent) {
+			t.Errorf("absent %v, want %v", got, c.absent)
+		}
+		if err := h.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFreshPrefixes: every harness has its own prefix, and its holder
+// processes are told the same one.
+func TestFreshPrefixes(t *testing.T) {
+	newH := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, HolderArgs: []string{"-test.run=^$"}})
+	seen := map[string]bool{}
+	for range 20 {
+		ch, err := newH(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := ch.(*harness)
+		if !regexp.MustCompile(`^/leasefence-test/[0-9a-f]{16}$`).MatchString(h.prefix) || seen[h.prefix] {
+			t.Fatalf("prefix %q: not fresh or not /leasefence-test/<16 hex>", h.prefix)
+		}
+		seen[h.prefix] = true
+		cmd, err := h.HolderCommand(context.Background(), conformance.KindUnfenced)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec holderSpec
+		for _, e := range cmd.Env {
+			if v, ok := strings.CutPrefix(e, HolderEnv+"="); ok {
+				if err := json.Unmarshal([]byte(v), &spec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if spec.Prefix != h.prefix || spec.Kind != conformance.KindUnfenced || !slices.Equal(spec.Endpoints, h.cfg.Endpoints) ||
+			!slices.Equal(cmd.Args[1:], []string{"-test.run=^$"}) {
+			t.Fatalf("holder spec %+v, args %q; harness prefix %q", spec, cmd.Args, h.prefix)
+		}
+	}
+	h, _ := newH(context.Background())
+	if _, err := h.(*harness).HolderCommand(context.Background(), "other"); !errors.Is(err, leasecore.ErrInvalidArgument) {
+		t.Fatalf("unknown kind: %v", err)
+	}
+	if _, err := New(Config{})(context.Background()); !errors.Is(err, leasecore.ErrInvalidArgument) {
+		t.Fatalf("no endpoints: %v", err)
+	}
+}

@@ -1,0 +1,118 @@
+package etcdconformance
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/leasefence/leasefence/conformance"
+	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
+	"github.com/leasefence/leasefence/fence-etcd/etcdcontrol"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// HolderEnv is the environment variable that makes a process a holder
+// process: it carries the holder's backend configuration as JSON.
+const HolderEnv = "LEASEFENCE_ETCD_HOLDER"
+
+// holderSpec is what a holder process needs to reach the same keys as the
+// harness that started it.
+type holderSpec struct {
+	Endpoints []string                 `json:"endpoints"`
+	Prefix    string                   `json:"prefix"`
+	Kind      conformance.ResourceKind `json:"kind"`
+}
+
+// HolderCommand implements conformance.HolderProcesses: the running binary
+// itself, started again with Config.HolderArgs and HolderEnv set (the
+// endpoints, the harness's key prefix and the resource kind), so no separate
+// build step exists. The binary must call HolderMain early (a test binary
+// from TestMain, the lab from its holder subcommand).
+func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
+	switch kind {
+	case conformance.KindFenced, conformance.KindUnfenced:
+	default:
+		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("%s: holder command: %w", pkg, err)
+	}
+	spec, err := json.Marshal(holderSpec{Endpoints: h.cfg.Endpoints, Prefix: h.prefix, Kind: kind})
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, h.cfg.HolderArgs...)
+	cmd.Env = append(os.Environ(), HolderEnv+"="+string(spec))
+	setHolderProcAttr(cmd)
+	return cmd, nil
+}
+
+// IsHolderProcess reports whether this process was started by
+// HolderCommand.
+func IsHolderProcess() bool { return os.Getenv(HolderEnv) != "" }
+
+// HolderMain runs this process as a holder (conformance.RunHolder on stdin
+// and stdout) with the configuration HolderCommand put in the environment,
+// and returns the exit code. Call it when IsHolderProcess is true:
+//
+//	func TestMain(m *testing.M) {
+//		if etcdconformance.IsHolderProcess() {
+//			os.Exit(etcdconformance.HolderMain())
+//		}
+//		os.Exit(m.Run())
+//	}
+func HolderMain() int {
+	if err := holderMain(); err != nil {
+		fmt.Fprintf(os.Stderr, "%s holder: %v\n", pkg, err)
+		return 1
+	}
+	return 0
+}
+
+func holderMain() error {
+	var spec holderSpec
+	if err := json.Unmarshal([]byte(os.Getenv(HolderEnv)), &spec); err != nil {
+		return fmt.Errorf("%s: %w", HolderEnv, err)
+	}
+	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
+	// and are not caught (they cannot be).
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+
+	// One client for both: gRPC multiplexes requests on its connection, so
+	// the session's background renewal and the holder's writes do not
+	// queue behind each other.
+	cli, err := Dial(ctx, spec.Endpoints)
+	if err != nil {
+		return err
+	}
+	defer closeClient(cli)
+	prefix := fenceetcd.WithPrefix(spec.Prefix)
+	lease, err := fenceetcd.NewLeaseStore(cli, prefix)
+	if err != nil {
+		return err
+	}
+	var res leasecore.FencedResource
+	switch spec.Kind {
+	case conformance.KindFenced:
+		res, err = fenceetcd.NewResource(cli, prefix)
+	case conformance.KindUnfenced:
+		controls, cerr := etcdcontrol.New(cli, prefix)
+		if cerr != nil {
+			return cerr
+		}
+		res = controls.Unfenced()
+	default:
+		err = errors.New("unknown resource kind " + string(spec.Kind))
+	}
+	if err != nil {
+		return err
+	}
+	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+}

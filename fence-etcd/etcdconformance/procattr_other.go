@@ -1,0 +1,7 @@
+//go:build !linux
+
+package etcdconformance
+
+import "os/exec"
+
+func setHolderProcAttr(*exec.Cmd) {}

@@ -1,0 +1,83 @@
+package etcdkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// MapError is the one place where etcd client, server and gRPC errors
+// become fence-etcd errors. pkg and op name the caller ("fenceetcd",
+// "acquire"); the result reads "<pkg>: <op>: ..." and always wraps err, so
+// the client's error stays reachable with errors.Is and errors.As.
+//
+//   - Context errors are kept. An error while ctx is done, and a gRPC
+//     Canceled or DeadlineExceeded status (which the client reports when
+//     it gave up on ctx), wrap ctx.Err(), so callers match the context
+//     whatever the client made of it.
+//   - rpctypes.ErrLeaseNotFound wraps leasecore.ErrLost: the etcd lease
+//     behind a hold is gone, so the hold is over. Callers for whom it means
+//     something else (an acquire whose fresh lease expired before its key
+//     was written) check for it before calling MapError.
+//   - "request is too large" (rpctypes.ErrRequestTooLarge, or the client's
+//     own "larger than max" send limit) wraps leasecore.ErrInvalidArgument:
+//     the same request will never fit.
+//   - gRPC code Unavailable (no leader, leader changed, server stopped,
+//     request timed out, unhealthy cluster, connection refused or lost),
+//     ResourceExhausted (too many requests, database space exceeded) and
+//     DeadlineExceeded from the server while ctx is still live wrap
+//     leasecore.ErrUnavailable: the condition may pass.
+//
+// Everything else is wrapped as it is, a Canceled status while ctx is live
+// included (the client was closed under the call). For ErrUnavailable and for context
+// errors the operation may or may not have taken effect: a transaction may
+// have been applied before the answer was lost.
+func MapError(ctx context.Context, pkg, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	prefix := pkg + ": " + op
+	switch {
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", prefix, err)
+	case ctx.Err() != nil:
+		return fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err)
+	case errors.Is(err, rpctypes.ErrLeaseNotFound), errors.Is(err, rpctypes.ErrGRPCLeaseNotFound):
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrLost, err)
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), errors.Is(err, rpctypes.ErrGRPCRequestTooLarge):
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrInvalidArgument, err)
+	}
+	code, msg := grpcCode(err)
+	switch code {
+	case codes.ResourceExhausted:
+		if strings.Contains(msg, "larger than max") {
+			// gRPC's own message size limit (client or server side).
+			return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrInvalidArgument, err)
+		}
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
+	case codes.Unavailable, codes.DeadlineExceeded:
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
+	}
+	return fmt.Errorf("%s: %w", prefix, err)
+}
+
+// grpcCode returns the gRPC code and message of err: an rpctypes.EtcdError
+// (the client converts the server's known errors into those) or a gRPC
+// status error, wrapped or not. Anything else is codes.Unknown.
+func grpcCode(err error) (codes.Code, string) {
+	var etcdErr rpctypes.EtcdError
+	if errors.As(err, &etcdErr) {
+		return etcdErr.Code(), etcdErr.Error()
+	}
+	if s, ok := status.FromError(err); ok {
+		return s.Code(), s.Message()
+	}
+	return codes.Unknown, err.Error()
+}

@@ -1,0 +1,216 @@
+package etcdkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// TestTokenEncodingOrder: the byte order of encoded tokens is their
+// numeric order, which is what the floor compare relies on.
+func TestTokenEncodingOrder(t *testing.T) {
+	edges := []leasecore.Token{1, 2, 9, 10, 11, 99, 100, 101, 999, 1000, 1 << 31, 1 << 32, 1<<53 + 1,
+		leasecore.MaxToken - 1, leasecore.MaxToken, leasecore.MaxToken + 1, math.MaxUint64}
+	r := rand.New(rand.NewPCG(1, 2))
+	values := append([]leasecore.Token(nil), edges...)
+	for range 2000 {
+		values = append(values, leasecore.Token(r.Uint64()>>r.IntN(64)))
+	}
+	for i, a := range values {
+		ea := EncodeToken(a)
+		if len(ea) != 20 {
+			t.Fatalf("EncodeToken(%d) = %q: not 20 bytes", a, ea)
+		}
+		if got, err := DecodeToken(ea); err != nil || got != a {
+			t.Fatalf("DecodeToken(EncodeToken(%d)) = %d, %v", a, got, err)
+		}
+		b := values[(i*7+3)%len(values)]
+		eb := EncodeToken(b)
+		if want, got := cmp(a, b), strings.Compare(ea, eb); want != got {
+			t.Fatalf("%d vs %d: numeric order %d, byte order of %q vs %q is %d", a, b, want, ea, eb, got)
+		}
+	}
+	if got := EncodeToken(5); got != "00000000000000000005" {
+		t.Fatalf("EncodeToken(5) = %q", got)
+	}
+}
+
+func cmp(a, b leasecore.Token) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func TestDecodeTokenRejects(t *testing.T) {
+	for _, s := range []string{"", "5", "0000000000000000005", "000000000000000000005", "0000000000000000000x",
+		"-0000000000000000005", "99999999999999999999", " 0000000000000000005"} {
+		if got, err := DecodeToken(s); err == nil {
+			t.Errorf("DecodeToken(%q) = %d, want an error", s, got)
+		}
+	}
+}
+
+func TestLayout(t *testing.T) {
+	l, err := NewLayout("test", Options{Prefix: "/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ got, want string }{
+		{l.Lease("daily-report"), "/p/lease/daily-report"},
+		{l.Lease("a/b"), "/p/lease/a%2Fb"},
+		{l.Lease("100%"), "/p/lease/100%25"},
+		{l.Floor("日报 x"), "/p/floor/%E6%97%A5%E6%8A%A5%20x"},
+		{l.Part("a/b", "c"), "/p/part/a%2Fb/c"},
+		{l.Part("a", "b/c"), "/p/part/a/b%2Fc"},
+		{l.AttemptPrefix("a"), "/p/attempt/a/"},
+		{l.PartToken("s", "p"), "/p/parttoken/s/p"},
+		{l.Published("s", "p"), "/p/published/s/p"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+	// Two scopes whose names share a prefix have disjoint attempt ranges.
+	if a, ab := l.NewAttempt("a"), l.AttemptPrefix("a/b"); strings.HasPrefix(a, ab) || strings.HasPrefix(ab, l.AttemptPrefix("a")) {
+		t.Errorf("attempt ranges of a and a/b overlap: %q, %q", a, ab)
+	}
+	k1, k2 := l.NewAttempt("s"), l.NewAttempt("s")
+	if k1 == k2 || len(k1) != len("/p/attempt/s/")+16 || !strings.HasPrefix(k1, "/p/attempt/s/") {
+		t.Errorf("attempt keys %q, %q: want distinct /p/attempt/s/<16 hex>", k1, k2)
+	}
+}
+
+func TestCheckPrefix(t *testing.T) {
+	for _, p := range []string{"/leasefence", "/a", "/a/b", "/leasefence-test/0123456789abcdef", "/日报"} {
+		if err := CheckPrefix("test", p); err != nil {
+			t.Errorf("CheckPrefix(%q): %v", p, err)
+		}
+	}
+	for p, mention := range map[string]string{
+		"":             "must not be empty",
+		"leasefence":   `must begin with "/"`,
+		"/leasefence/": `must not end with "/"`,
+		"/":            `must not end with "/"`,
+		" /a":          "whitespace",
+		"/a\nb":        "control character",
+		"/a\x00":       "control character",
+		"/a\xff":       "UTF-8",
+		"/" + strings.Repeat("p", leasecore.MaxNameLen): "longer than",
+	} {
+		err := CheckPrefix("new resource", p)
+		var ae *leasecore.ArgError
+		if !errors.As(err, &ae) || ae.Field != "prefix" || ae.Op != "new resource" ||
+			!errors.Is(err, leasecore.ErrInvalidArgument) || !strings.Contains(err.Error(), mention) {
+			t.Errorf("CheckPrefix(%q) = %v, want an ArgError for prefix mentioning %q", p, err, mention)
+		}
+	}
+}
+
+// TestMapError classifies the errors the etcd client returns. The paths
+// that need a server (a refused oversized request, an unreachable server)
+// are tested in package fenceetcd.
+func TestMapError(t *testing.T) {
+	live := context.Background()
+	expired, cancel := context.WithDeadline(live, time.Now().Add(-time.Second))
+	defer cancel()
+	cancelled, cancel2 := context.WithCancel(live)
+	cancel2()
+
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want error // nil: wrapped as it is
+	}{
+		{"no leader", live, rpctypes.ErrNoLeader, leasecore.ErrUnavailable},
+		{"leader changed", live, rpctypes.ErrLeaderChanged, leasecore.ErrUnavailable},
+		{"server stopped", live, rpctypes.ErrStopped, leasecore.ErrUnavailable},
+		{"request timed out", live, rpctypes.ErrTimeout, leasecore.ErrUnavailable},
+		{"timed out, leader fail", live, rpctypes.ErrTimeoutDueToLeaderFail, leasecore.ErrUnavailable},
+		{"timed out, connection lost", live, rpctypes.ErrTimeoutDueToConnectionLost, leasecore.ErrUnavailable},
+		{"unhealthy", live, rpctypes.ErrUnhealthy, leasecore.ErrUnavailable},
+		{"too many requests", live, rpctypes.ErrTooManyRequests, leasecore.ErrUnavailable},
+		{"no space", live, rpctypes.ErrNoSpace, leasecore.ErrUnavailable},
+		{"gRPC unavailable", live, status.Error(codes.Unavailable, "connection refused"), leasecore.ErrUnavailable},
+		{"wrapped gRPC unavailable", live, fmt.Errorf("x: %w", status.Error(codes.Unavailable, "eof")), leasecore.ErrUnavailable},
+		{"server deadline, ctx live", live, status.Error(codes.DeadlineExceeded, "deadline"), leasecore.ErrUnavailable},
+		{"lease not found", live, rpctypes.ErrLeaseNotFound, leasecore.ErrLost},
+		{"gRPC lease not found", live, rpctypes.ErrGRPCLeaseNotFound, leasecore.ErrLost},
+		{"request too large", live, rpctypes.ErrRequestTooLarge, leasecore.ErrInvalidArgument},
+		{"gRPC request too large", live, rpctypes.ErrGRPCRequestTooLarge, leasecore.ErrInvalidArgument},
+		{"client send limit", live, status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (3 vs. 2)"), leasecore.ErrInvalidArgument},
+		{"context canceled kept", live, fmt.Errorf("x: %w", context.Canceled), context.Canceled},
+		{"context deadline kept", live, context.DeadlineExceeded, context.DeadlineExceeded},
+		{"gRPC canceled, ctx cancelled", cancelled, status.Error(codes.Canceled, "context canceled"), context.Canceled},
+		{"gRPC deadline, ctx expired", expired, status.Error(codes.DeadlineExceeded, "deadline"), context.DeadlineExceeded},
+		{"unavailable after ctx ended", cancelled, rpctypes.ErrNoLeader, context.Canceled},
+		{"gRPC canceled, ctx live", live, status.Error(codes.Canceled, "grpc: the client connection is closing"), nil},
+		{"compacted", live, rpctypes.ErrCompacted, nil},
+		{"permission denied", live, rpctypes.ErrPermissionDenied, nil},
+		{"other", live, errors.New("boom"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := MapError(tc.ctx, "fenceetcd", "acquire", tc.err)
+			if !errors.Is(got, tc.err) {
+				t.Errorf("%v does not wrap the client's error %v", got, tc.err)
+			}
+			if !strings.HasPrefix(got.Error(), "fenceetcd: acquire: ") {
+				t.Errorf("message %q lacks the prefix", got)
+			}
+			if tc.want != nil && !errors.Is(got, tc.want) {
+				t.Errorf("%v does not wrap %v", got, tc.want)
+			}
+			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrLost, leasecore.ErrInvalidArgument,
+				context.Canceled, context.DeadlineExceeded} {
+				if s != tc.want && !errors.Is(tc.err, s) && errors.Is(got, s) {
+					t.Errorf("%v wraps %v too", got, s)
+				}
+			}
+		})
+	}
+	if MapError(live, "fenceetcd", "acquire", nil) != nil {
+		t.Error("MapError(nil) != nil")
+	}
+}
+
+func TestRecordsRoundTrip(t *testing.T) {
+	w := leasecore.Write{Scope: "s", Part: "p", Content: "a\x01\"<>\u2028日报", Writer: "holder-a", Token: 7}
+	p, err := DecodePart("k", []byte(NewPartRecord(w).Encode()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := p.StoredPart("s", "p")
+	if sp.Content != w.Content || sp.Writer != w.Writer || sp.Token != 7 || sp.WrittenAt.IsZero() {
+		t.Fatalf("part round trip: %+v", sp)
+	}
+	a, err := DecodeAttempt("k", []byte(NewAttemptRecord(w, false, 0).Encode()))
+	if err != nil || a.Part != "p" || a.Writer != "holder-a" || a.Token != 7 || a.Accepted || a.Floor != 0 || a.At.IsZero() {
+		t.Fatalf("attempt round trip: %+v, %v", a, err)
+	}
+	if s := NewAttemptRecord(w, false, 0).Encode(); strings.Contains(s, "floor") {
+		t.Fatalf("a record with an unknown floor names one: %s", s)
+	}
+	if _, err := DecodePart("k", []byte("00000000000000000005")); err == nil || !strings.Contains(err.Error(), `"k"`) {
+		t.Fatalf("decoding a non-record: %v", err)
+	}
+	// The worst content for a JSON string stays within 4/3 as base64.
+	big := leasecore.Write{Content: strings.Repeat("\x01", leasecore.MaxContentLen), Writer: "w", Token: 1}
+	if n := len(NewPartRecord(big).Encode()); n > leasecore.MaxContentLen*4/3+200 {
+		t.Fatalf("record of MaxContentLen control characters is %d bytes", n)
+	}
+}

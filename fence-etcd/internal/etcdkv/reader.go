@@ -1,0 +1,129 @@
+package etcdkv
+
+import (
+	"context"
+	"fmt"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// Reader implements leasecore.ResourceReader over one layout's floor, part
+// and attempt keys, for every resource of fence-etcd, fenced or not. Each
+// read is one request; input is validated first, and bad input or a done
+// context returns before anything is sent.
+type Reader struct {
+	KV     clientv3.KV
+	Layout Layout
+	Pkg    string // error prefix, e.g. "fenceetcd"
+}
+
+// Floor implements leasecore.ResourceReader: 0 when the scope has no floor
+// key.
+func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	const op = "floor"
+	if err := CheckRead(ctx, op, scope); err != nil {
+		return 0, err
+	}
+	resp, err := r.KV.Get(ctx, r.Layout.Floor(scope))
+	if err != nil {
+		return 0, MapError(ctx, r.Pkg, op, err)
+	}
+	floor, err := FloorOf(resp.Kvs)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+	}
+	return floor, nil
+}
+
+// FloorOf decodes a floor (or any token key) from the result of a Get of
+// its key, in a plain Get or inside a transaction: 0 when the key does not
+// exist.
+func FloorOf(kvs []*mvccpb.KeyValue) (leasecore.Token, error) {
+	if len(kvs) == 0 {
+		return 0, nil
+	}
+	t, err := DecodeToken(string(kvs[0].Value))
+	if err != nil {
+		return 0, fmt.Errorf("key %q: %w", kvs[0].Key, err)
+	}
+	return t, nil
+}
+
+// ReadPart implements leasecore.ResourceReader.
+func (r Reader) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
+	return r.readPart(ctx, scope, part, r.Layout.Part(scope, part))
+}
+
+// ReadPublished reads the idempotent publisher's publication of (scope,
+// part) instead.
+func (r Reader) ReadPublished(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
+	return r.readPart(ctx, scope, part, r.Layout.Published(scope, part))
+}
+
+func (r Reader) readPart(ctx context.Context, scope, part, key string) (leasecore.StoredPart, bool, error) {
+	const op = "read part"
+	if err := CheckRead(ctx, op, scope, part); err != nil {
+		return leasecore.StoredPart{}, false, err
+	}
+	resp, err := r.KV.Get(ctx, key)
+	if err != nil {
+		return leasecore.StoredPart{}, false, MapError(ctx, r.Pkg, op, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return leasecore.StoredPart{}, false, nil
+	}
+	rec, err := DecodePart(key, resp.Kvs[0].Value)
+	if err != nil {
+		return leasecore.StoredPart{}, false, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+	}
+	return rec.StoredPart(scope, part), true, nil
+}
+
+// Attempts implements leasecore.ResourceReader: one range read of the
+// scope's attempt keys, sorted by modification revision (each key is
+// written once, in the transaction of its attempt), oldest first. An
+// attempt whose record carries no floor did not change it and gets the
+// floor after the previous attempt (see AttemptRecord.Floor); 0 before the
+// first.
+func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
+	const op = "attempts"
+	if err := CheckRead(ctx, op, scope); err != nil {
+		return nil, err
+	}
+	resp, err := r.KV.Get(ctx, r.Layout.AttemptPrefix(scope), clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend))
+	if err != nil {
+		return nil, MapError(ctx, r.Pkg, op, err)
+	}
+	out := make([]leasecore.Attempt, 0, len(resp.Kvs))
+	var floor leasecore.Token
+	for _, kv := range resp.Kvs {
+		rec, err := DecodeAttempt(string(kv.Key), kv.Value)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+		}
+		if rec.Floor != 0 {
+			floor = leasecore.Token(rec.Floor)
+		}
+		out = append(out, leasecore.Attempt{Scope: scope, Part: rec.Part, Writer: rec.Writer,
+			Token: leasecore.Token(rec.Token), Accepted: rec.Accepted, Floor: floor, At: rec.At})
+	}
+	return out, nil
+}
+
+// CheckRead validates the scope and, for ReadPart, the part, then the
+// context.
+func CheckRead(ctx context.Context, op, scope string, part ...string) error {
+	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+		return err
+	}
+	for _, p := range part {
+		if err := leasecore.CheckName(op, "part", p); err != nil {
+			return err
+		}
+	}
+	return leasecore.CheckContext(op, ctx)
+}

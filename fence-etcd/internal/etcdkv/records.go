@@ -1,0 +1,104 @@
+package etcdkv
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// PartRecord is the value of a part key (and of a publication key): one
+// part's current content.
+//
+// Content is a []byte, so encoding/json stores it as base64: the value is
+// then at most 4/3 of the content whatever the content holds, and a write of
+// leasecore.MaxContentLen bytes stays inside etcd's default request limit
+// (1.5 MiB). As a JSON string it could grow sixfold (every control
+// character becomes \u00XX) and a valid write would be refused as too
+// large.
+type PartRecord struct {
+	Content []byte `json:"content"`
+	Writer  string `json:"writer"`
+	Token   uint64 `json:"token"`
+	// WrittenAt is the writer's clock when it built the request: etcd
+	// stores no time of its own. For display only.
+	WrittenAt time.Time `json:"written_at"`
+}
+
+// NewPartRecord returns the record of w, stamped with the local clock.
+func NewPartRecord(w leasecore.Write) PartRecord {
+	return PartRecord{Content: []byte(w.Content), Writer: w.Writer, Token: uint64(w.Token), WrittenAt: time.Now().UTC()}
+}
+
+// Encode returns the record as JSON.
+func (p PartRecord) Encode() string { return mustJSON(p) }
+
+// StoredPart converts the record back.
+func (p PartRecord) StoredPart(scope, part string) leasecore.StoredPart {
+	return leasecore.StoredPart{Scope: scope, Part: part, Content: string(p.Content), Writer: p.Writer,
+		Token: leasecore.Token(p.Token), WrittenAt: p.WrittenAt}
+}
+
+// DecodePart parses the value of a part key.
+func DecodePart(key string, value []byte) (PartRecord, error) {
+	var p PartRecord
+	if err := json.Unmarshal(value, &p); err != nil {
+		return PartRecord{}, fmt.Errorf("key %q does not hold a part record: %w", key, err)
+	}
+	return p, nil
+}
+
+// AttemptRecord is the value of an attempt key: one write attempt,
+// accepted or rejected, written in the same transaction as the write it
+// records (or, for a rejection, instead of it).
+type AttemptRecord struct {
+	Part     string `json:"part"`
+	Writer   string `json:"writer"`
+	Token    uint64 `json:"token"`
+	Accepted bool   `json:"accepted"`
+	// Floor is the scope's floor after the attempt, when the writer knew it
+	// while building its transaction: an accepted fenced write sets the
+	// floor to its own token. It is omitted when the writer could not know
+	// it — an etcd transaction cannot copy one key's value into another, so
+	// a fenced rejection (floor above the token, value unknown to the
+	// client) or a control that leaves the floor alone writes no floor. Such
+	// an attempt did not change the floor, so Reader.Attempts reports the
+	// floor after the previous attempt of the scope; for the fenced resource
+	// that is exact, since every change of its floor is logged, with the new
+	// floor, in the transaction that makes it.
+	Floor uint64 `json:"floor,omitempty"`
+	// At is the writer's clock when it built the request. For display
+	// only: the log's order is the keys' revisions.
+	At time.Time `json:"at"`
+}
+
+// NewAttemptRecord returns the record of w's attempt, stamped with the local
+// clock. floor is 0 when unknown (see AttemptRecord.Floor).
+func NewAttemptRecord(w leasecore.Write, accepted bool, floor leasecore.Token) AttemptRecord {
+	return AttemptRecord{Part: w.Part, Writer: w.Writer, Token: uint64(w.Token), Accepted: accepted,
+		Floor: uint64(floor), At: time.Now().UTC()}
+}
+
+// Encode returns the record as JSON.
+func (a AttemptRecord) Encode() string { return mustJSON(a) }
+
+// DecodeAttempt parses the value of an attempt key.
+func DecodeAttempt(key string, value []byte) (AttemptRecord, error) {
+	var a AttemptRecord
+	if err := json.Unmarshal(value, &a); err != nil {
+		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: %w", key, err)
+	}
+	return a, nil
+}
+
+// mustJSON marshals a record type of this file, which cannot fail: they
+// hold only strings, numbers, booleans, byte slices and times from
+// time.Now (years 0-9999).
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(fmt.Sprintf("etcdkv: marshal %T: %v", v, err))
+	}
+	return string(b)
+}

@@ -1,0 +1,36 @@
+package etcdkv
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// tokenDigits is the width of an encoded token: enough for every uint64.
+const tokenDigits = 20
+
+// EncodeToken returns t as a 20-digit zero-padded decimal. etcd compares
+// values as byte strings, so with a fixed width the byte order of two
+// encoded tokens is their numeric order, and a transaction can compare a
+// stored floor with a token: Compare(Value(floor), ">", EncodeToken(t)).
+func EncodeToken(t leasecore.Token) string {
+	return fmt.Sprintf("%0*d", tokenDigits, uint64(t))
+}
+
+// DecodeToken parses a value EncodeToken produced.
+func DecodeToken(s string) (leasecore.Token, error) {
+	if len(s) != tokenDigits {
+		return 0, fmt.Errorf("token value %q is not %d decimal digits", s, tokenDigits)
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, fmt.Errorf("token value %q is not %d decimal digits", s, tokenDigits)
+		}
+	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("token value %q: %w", s, err)
+	}
+	return leasecore.Token(n), nil
+}

@@ -1,0 +1,276 @@
+package fenceetcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// LeaseStore is a lease service on etcd: one key per lease name, attached
+// to an etcd lease, whose create revision is the fencing token
+// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector.
+// It is safe for concurrent use.
+type LeaseStore struct {
+	kv     clientv3.KV
+	leases clientv3.Lease
+	layout etcdkv.Layout
+}
+
+var (
+	_ leasecore.Lease          = (*LeaseStore)(nil)
+	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
+)
+
+// cleanupTimeout bounds the best-effort revoke of an etcd lease that holds
+// no key any more (see Acquire and Release). The lease expires on its own
+// after its TTL, so waiting long for an unreachable server gains nothing.
+const cleanupTimeout = 2 * time.Second
+
+// NewLeaseStore returns a lease store on cli, with keys under the prefix
+// set by WithPrefix. A nil cli or an invalid prefix returns a
+// *leasecore.ArgError. The caller keeps ownership of cli and closes it.
+func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
+	const op = "new lease store"
+	if cli == nil {
+		return nil, &leasecore.ArgError{Op: op, Field: "client", Reason: "must not be nil"}
+	}
+	l, err := layout(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &LeaseStore{kv: cli.KV, leases: cli.Lease, layout: l}, nil
+}
+
+// Acquire implements leasecore.Lease in two requests: Grant an etcd lease
+// of ttl, then one transaction
+//
+//	If(CreateRevision(key) == 0).Then(Put(key, holder, WithLease(id))).Else(Get(key))
+//
+// that creates the lease's key only if it does not exist. The token is the
+// transaction's revision, which is the key's create revision. While the key
+// exists — held by anyone, the same holder included — it returns a
+// *leasecore.HoldError wrapping leasecore.ErrHeld that names the current
+// holder, and revokes the etcd lease it just granted (best effort; it would
+// expire on its own). ttl must be a whole number of seconds.
+//
+// Grant.TTL is ttl even when the server granted more (it raises a TTL below
+// its minimum): the holder's local deadline then falls even earlier before
+// the real expiry, which is the safe direction.
+func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	const op = "acquire"
+	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
+		return leasecore.Grant{}, err
+	}
+	if err := checkWholeSeconds(op, ttl); err != nil {
+		return leasecore.Grant{}, err
+	}
+	key := s.layout.Lease(name)
+
+	// Read the clock before the first request: the lessor starts the TTL
+	// when it grants the lease, after our Grant request arrived, so Start
+	// + TTL is never later than the server's expiry (as long as the clocks
+	// run at the same rate). The later transaction does not restart it.
+	start := time.Now()
+	lg, err := s.leases.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	resp, err := s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, holder, clientv3.WithLease(lg.ID))).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil || !resp.Succeeded {
+		// Not ours, or unknown: revoking deletes the key too if the put
+		// did happen before an error, so no holder exists that nobody
+		// knows about.
+		s.revoke(ctx, lg.ID)
+	}
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// The new lease expired before the put ran: the request took
+		// longer than ttl. Nothing holds the name because of us.
+		return leasecore.Grant{}, fmt.Errorf("%s: %s: the granted lease expired before its key was written (ttl %v): %w: %w",
+			pkg, op, ttl, leasecore.ErrUnavailable, err)
+	case err != nil:
+		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
+	case !resp.Succeeded:
+		return leasecore.Grant{}, &leasecore.HoldError{Op: op, Name: name, Holder: holder,
+			Reason: heldBy(resp.Responses[0].GetResponseRange().Kvs), Err: leasecore.ErrHeld}
+	}
+	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl, Start: start}, nil
+}
+
+// heldBy describes the key a refused acquire found.
+func heldBy(kvs []*mvccpb.KeyValue) string {
+	if len(kvs) == 0 {
+		return "" // cannot happen: the compare found the key
+	}
+	return fmt.Sprintf("held by %q with token %d", kvs[0].Value, kvs[0].CreateRevision)
+}
+
+// revoke revokes an etcd lease, best effort: ctx may be why we are
+// cleaning up, so it is not used for the deadline.
+func (s *LeaseStore) revoke(ctx context.Context, id clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = s.leases.Revoke(ctx, id)
+}
+
+// Renew implements leasecore.Lease in two requests: a Get of the lease's
+// key, which must exist with create revision g.Token and value g.Holder,
+// then KeepAliveOnce of the etcd lease the key is attached to, which resets
+// its TTL. Otherwise it returns a *leasecore.HoldError wrapping
+// leasecore.ErrLost whose Reason says what did not match, and changes
+// nothing. After expiry the key is gone (the lessor deletes it with the
+// lease) and the lessor refuses to keep an expired lease alive, so a renew
+// after expiry always fails, even when nobody took over. The returned grant
+// has the same token and a new Start.
+func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
+	const op = "renew"
+	if err := s.checkGrant(ctx, op, g); err != nil {
+		return leasecore.Grant{}, err
+	}
+	resp, err := s.kv.Get(ctx, s.layout.Lease(g.Name))
+	if err != nil {
+		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	if reason := lostReason(resp.Kvs, g); reason != "" {
+		return leasecore.Grant{}, lost(op, g, reason)
+	}
+	// Read before sending: the lessor extends from when it handles the
+	// keep-alive, so Start + TTL is never later than the new expiry.
+	start := time.Now()
+	_, err = s.leases.KeepAliveOnce(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// Expired (or released) between the Get and the keep-alive.
+		return leasecore.Grant{}, lost(op, g, "expired")
+	case err != nil:
+		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	g.Start = start
+	return g, nil
+}
+
+// Release implements leasecore.Lease with one transaction
+//
+//	If(CreateRevision(key) == g.Token, Value(key) == g.Holder).Then(Get(key), Delete(key)).Else(Get(key))
+//
+// that deletes the key only while it is g's, so the next Acquire succeeds at
+// once with a larger token; then it revokes the etcd lease the key was
+// attached to, best effort: the key is already gone, and a lease with no
+// key holds nothing and expires on its own. Released twice, after expiry or
+// after a take-over it returns a *leasecore.HoldError wrapping
+// leasecore.ErrLost and changes nothing.
+func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
+	const op = "release"
+	if err := s.checkGrant(ctx, op, g); err != nil {
+		return err
+	}
+	key := s.layout.Lease(g.Name)
+	resp, err := s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
+			clientv3.Compare(clientv3.Value(key), "=", g.Holder)).
+		Then(clientv3.OpGet(key), clientv3.OpDelete(key)).
+		Else(clientv3.OpGet(key)).
+		Commit()
+	if err != nil {
+		return etcdkv.MapError(ctx, pkg, op, err)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if !resp.Succeeded {
+		reason := lostReason(kvs, g)
+		if reason == "" {
+			reason = "changed concurrently" // cannot happen: the compare saw it
+		}
+		return lost(op, g, reason)
+	}
+	if len(kvs) > 0 && kvs[0].Lease != 0 {
+		s.revoke(ctx, clientv3.LeaseID(kvs[0].Lease))
+	}
+	return nil
+}
+
+// checkGrant validates a grant passed to Renew or Release.
+func (s *LeaseStore) checkGrant(ctx context.Context, op string, g leasecore.Grant) error {
+	if err := leasecore.CheckGrant(ctx, op, g, MinTTL); err != nil {
+		return err
+	}
+	return checkWholeSeconds(op, g.TTL)
+}
+
+// lostReason says why g's holding period is not the one the lease's key
+// (kvs, the result of a Get) records, or "" when it is.
+func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
+	if len(kvs) == 0 {
+		return "no such lease (expired or released)"
+	}
+	kv := kvs[0]
+	token, holder := leasecore.Token(kv.CreateRevision), string(kv.Value)
+	switch {
+	case token > g.Token:
+		return fmt.Sprintf("token %d was superseded by token %d (holder %q)", g.Token, token, holder)
+	case token < g.Token:
+		// The key has existed since before g.Token, so no acquire could
+		// have issued it.
+		return fmt.Sprintf("token %d was never issued (the current is token %d)", g.Token, token)
+	case holder != g.Holder:
+		return fmt.Sprintf("holder %q does not hold it (held by %q with token %d)", g.Holder, holder, token)
+	}
+	return ""
+}
+
+func lost(op string, g leasecore.Grant, reason string) error {
+	return &leasecore.HoldError{Op: op, Name: g.Name, Holder: g.Holder, Token: g.Token, Reason: reason, Err: leasecore.ErrLost}
+}
+
+// Inspect implements leasecore.LeaseInspector with a Get of the lease's key
+// and, when it exists, a TimeToLive of its etcd lease.
+//
+// etcd keeps no record of a released or expired lease: its key is deleted.
+// Such a lease is reported like a name never acquired, with Exists false,
+// Released false and Token 0. A lease whose key exists is Held, by the
+// lessor's decision: an expired lease is held until the lessor revokes it,
+// and until then no Acquire succeeds either. Remaining is etcd's whole
+// seconds, rounded down: the lease may run up to a second longer.
+func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
+	const op = "inspect"
+	if err := leasecore.CheckName(op, "name", name); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	if err := leasecore.CheckContext(op, ctx); err != nil {
+		return leasecore.LeaseState{}, err
+	}
+	free := leasecore.LeaseState{Name: name}
+	resp, err := s.kv.Get(ctx, s.layout.Lease(name))
+	if err != nil {
+		return leasecore.LeaseState{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return free, nil
+	}
+	kv := resp.Kvs[0]
+	ttl, err := s.leases.TimeToLive(ctx, clientv3.LeaseID(kv.Lease))
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		// Revoked between the two reads, and the key with it.
+		return free, nil
+	case err != nil:
+		return leasecore.LeaseState{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	st := leasecore.LeaseState{Name: name, Exists: true, Holder: string(kv.Value),
+		Token: leasecore.Token(kv.CreateRevision), Held: true}
+	if ttl.TTL > 0 {
+		st.Remaining = time.Duration(ttl.TTL) * time.Second
+	}
+	return st, nil
+}
