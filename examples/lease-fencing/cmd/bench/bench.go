@@ -19,6 +19,7 @@ import (
 )
 
 type config struct {
+	stdout  io.Writer // the report; also written to out/latest.txt
 	rounds  int
 	out     string
 	lab     string
@@ -47,7 +48,7 @@ type measurement struct {
 
 func run(ctx context.Context, cfg config) (err error) {
 	var report bytes.Buffer
-	w := io.MultiWriter(os.Stdout, &report)
+	w := io.MultiWriter(cfg.stdout, &report)
 	say := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...) }
 
 	env, err := startEnv(ctx, say)

@@ -8,19 +8,26 @@ import (
 
 // env is every server the bench measures against.
 type env struct {
-	pg *pgEnv
+	pg   *pgEnv
+	etcd *etcdEnv
 }
 
-func startEnv(ctx context.Context, say func(string, ...any)) (*env, error) {
-	pg, err := startPG(ctx, say)
-	if err != nil {
+func startEnv(ctx context.Context, say func(string, ...any)) (_ *env, err error) {
+	e := &env{}
+	if e.pg, err = startPG(ctx, say); err != nil {
 		return nil, err
 	}
-	return &env{pg: pg}, nil
+	if e.etcd, err = startEtcd(ctx, say); err != nil {
+		return nil, errors.Join(err, e.close())
+	}
+	return e, nil
 }
 
 func (e *env) close() error {
 	var err error
+	if e.etcd != nil {
+		err = errors.Join(err, e.etcd.close())
+	}
 	if e.pg != nil {
 		err = errors.Join(err, e.pg.close())
 	}
@@ -28,11 +35,19 @@ func (e *env) close() error {
 }
 
 func (e *env) describe() string {
-	return fmt.Sprintf("PostgreSQL %s via pgx/v5 on loopback", e.pg.cluster.Version())
+	return fmt.Sprintf("PostgreSQL %s via pgx/v5, etcd %s, both on loopback", e.pg.cluster.Version(), e.etcd.srv.Version())
 }
 
 func (e *env) variants(ctx context.Context) ([]variant, error) {
-	return e.pg.pgVariants(ctx)
+	pg, err := e.pg.pgVariants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	etcd, err := e.etcd.etcdVariants(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return append(pg, etcd...), nil
 }
 
 func (e *env) scaling(ctx context.Context, sizes string, say func(string, ...any)) (scaleResult, error) {

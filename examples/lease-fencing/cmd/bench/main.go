@@ -16,9 +16,15 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 )
 
 func main() {
+	// The bench's etcd server is this binary, re-executed (etcdtemp).
+	if len(os.Args) > 1 && os.Args[1] == "etcd-server" && etcdtemp.IsServeProcess() {
+		os.Exit(etcdtemp.Serve())
+	}
 	testing.Init() // Go's benchmark harness, outside go test
 	rounds := flag.Int("rounds", 5, "interleaved rounds per variant; the median is reported")
 	benchtime := flag.Duration("benchtime", 300*time.Millisecond, "target time per variant per round")
@@ -33,7 +39,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, config{rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs}); err != nil {
+	if err := run(ctx, config{stdout: os.Stdout, rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs}); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

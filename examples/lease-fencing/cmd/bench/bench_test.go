@@ -1,0 +1,48 @@
+package main
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
+)
+
+// TestMain doubles as the bench's etcd server process.
+func TestMain(m *testing.M) {
+	if etcdtemp.IsServeProcess() {
+		os.Exit(etcdtemp.Serve())
+	}
+	os.Exit(m.Run())
+}
+
+// TestBenchRuns runs the whole bench once with one iteration per variant,
+// so the benchmark code cannot rot: every variant must run without error
+// and every ratio line must be printed. It checks no timing.
+func TestBenchRuns(t *testing.T) {
+	if err := flag.Set("test.benchtime", "2x"); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := run(t.Context(), config{stdout: &out, rounds: 1, scaling: "1,10"}); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{
+		"RATIO fenced_write/unfenced_upsert ",
+		"RATIO article_txn_fence/unfenced_upsert ",
+		"RATIO batch2_per_part/unfenced_upsert ",
+		"RATIO acquire/unfenced_upsert ",
+		"RATIO renew/unfenced_upsert ",
+		"RATIO renew_1000_leases_per_lease/renew ",
+		"RATIO fenced_8_scopes_8_clients/unfenced_8_clients ",
+		"RATIO fenced_1_scope_8_clients/unfenced_8_clients ",
+		"RATIO etcd_fenced_write/etcd_put ",
+		"RATIO etcd_acquire_release/etcd_mutex_lock_unlock ",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
