@@ -3,7 +3,6 @@ package pgconformance
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -90,30 +90,46 @@ func holderMain() error {
 		return err
 	}
 	defer leasePool.Close()
-	resPool, err := pgopen.Open(ctx, spec.Driver, spec.ResourceDSN, 2)
-	if err != nil {
-		return err
-	}
-	defer resPool.Close()
 	lease, err := leasePool.LeaseStore()
 	if err != nil {
 		return err
 	}
-	var res leasecore.FencedResource
-	switch spec.Kind {
-	case conformance.KindFenced:
-		res, err = resPool.Resource()
-	case conformance.KindUnfenced:
-		controls, cerr := resPool.Controls()
-		if cerr != nil {
-			return cerr
-		}
-		res, err = controls.Unfenced(), nil
-	default:
-		err = errors.New("unknown resource kind " + string(spec.Kind))
-	}
+	res, closeRes, err := OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
 	if err != nil {
 		return err
 	}
+	defer closeRes()
 	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+}
+
+// OpenHolderResource opens the resource a holder process writes to: the
+// fenced resource, or the unfenced negative control, on the resource
+// database with driver. A holder whose lease lives on another backend (the
+// etcd-lease, PostgreSQL-resource pairing) uses it too. close closes the
+// pool.
+func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformance.ResourceKind) (res leasecore.FencedResource, close func() error, err error) {
+	pool, err := pgopen.Open(ctx, driver, dsn, 2)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = pool.Close()
+		}
+	}()
+	switch kind {
+	case conformance.KindFenced:
+		res, err = pool.Resource()
+	case conformance.KindUnfenced:
+		var controls *pgcontrol.Controls
+		if controls, err = pool.Controls(); err == nil {
+			res = controls.Unfenced()
+		}
+	default:
+		err = fmt.Errorf("%s: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return res, pool.Close, nil
 }
