@@ -14,8 +14,10 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 
-# The workspace builds as a whole too.
-go build ./leasecore/... ./conformance/... ./fence-pg/... ./fence-etcd/... ./examples/lease-fencing/...
+# The workspace builds as a whole too (through go.work).
+patterns=()
+for m in "${modules[@]}"; do patterns+=("./$m/..."); done
+go build "${patterns[@]}"
 
 for m in "${modules[@]}"; do
   echo "== $m"
