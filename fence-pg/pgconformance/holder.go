@@ -2,7 +2,6 @@ package pgconformance
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,18 +36,8 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("%s: holder command: %w", pkg, err)
-	}
-	spec, err := json.Marshal(holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind})
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, self, h.cfg.HolderArgs...)
-	cmd.Env = append(os.Environ(), HolderEnv+"="+string(spec))
-	setHolderProcAttr(cmd)
-	return cmd, nil
+	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
+		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -75,8 +64,8 @@ func HolderMain() int {
 
 func holderMain() error {
 	var spec holderSpec
-	if err := json.Unmarshal([]byte(os.Getenv(HolderEnv)), &spec); err != nil {
-		return fmt.Errorf("%s: %w", HolderEnv, err)
+	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
+		return err
 	}
 	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
 	// and are not caught (they cannot be).

@@ -10,7 +10,6 @@ package mixed
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -153,19 +152,8 @@ type holderSpec struct {
 // HolderCommand re-executes the running binary as a holder with an etcd
 // lease and the PostgreSQL resource.
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	spec, err := json.Marshal(holderSpec{EtcdEndpoints: h.cfg.EtcdEndpoints, Prefix: h.prefix,
-		ResourceDSN: h.cfg.Resource.ResourceDSN, Driver: h.cfg.Resource.Driver, Kind: kind})
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, self, h.cfg.HolderArgs...)
-	cmd.Env = append(os.Environ(), HolderEnv+"="+string(spec))
-	setHolderProcAttr(cmd)
-	return cmd, nil
+	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv, holderSpec{EtcdEndpoints: h.cfg.EtcdEndpoints,
+		Prefix: h.prefix, ResourceDSN: h.cfg.Resource.ResourceDSN, Driver: h.cfg.Resource.Driver, Kind: kind})
 }
 
 // IsHolderProcess reports whether this process is a holder of the pair.
@@ -183,8 +171,8 @@ func HolderMain() int {
 
 func holderMain() error {
 	var spec holderSpec
-	if err := json.Unmarshal([]byte(os.Getenv(HolderEnv)), &spec); err != nil {
-		return fmt.Errorf("%s: %w", HolderEnv, err)
+	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
+		return err
 	}
 	ctx := context.Background()
 	cli, err := etcdconformance.Dial(ctx, spec.EtcdEndpoints)

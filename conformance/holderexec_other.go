@@ -1,6 +1,6 @@
 //go:build !linux
 
-package pgconformance
+package conformance
 
 import "os/exec"
 

@@ -1,7 +1,0 @@
-//go:build !linux
-
-package mixed
-
-import "os/exec"
-
-func setHolderProcAttr(*exec.Cmd) {}
