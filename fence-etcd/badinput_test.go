@@ -3,8 +3,10 @@ package fenceetcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -208,6 +210,78 @@ func validationCases(s stores, grant leasecore.Grant) []badCase {
 		}
 	}
 
+	// WriteBatch of the fenced resource: identifiers, part count, distinct
+	// parts, token, content of each part and of all together.
+	bw := s.resources[0].r.(leasecore.BatchWriter)
+	okBatch := leasecore.Batch{Scope: "daily-report", Writer: "holder-a", Token: 1,
+		Parts: []leasecore.PartContent{{Part: "summary", Content: "x"}, {Part: "detail", Content: "y"}}}
+	withB := func(f func(*leasecore.Batch)) leasecore.Batch {
+		b := okBatch
+		b.Parts = slices.Clone(okBatch.Parts)
+		f(&b)
+		return b
+	}
+	addBatch := func(label, mention string, b leasecore.Batch) {
+		add("write batch "+label, inv, mention, func(ctx context.Context) error {
+			_, err := bw.WriteBatch(ctx, b)
+			return err
+		})
+	}
+	for _, b := range badNames {
+		v := b.v
+		addBatch("scope "+b.label, "scope", withB(func(b *leasecore.Batch) { b.Scope = v }))
+		addBatch("writer "+b.label, "writer", withB(func(b *leasecore.Batch) { b.Writer = v }))
+		addBatch("part "+b.label, "parts[1].part", withB(func(b *leasecore.Batch) { b.Parts[1].Part = v }))
+	}
+	addBatch("no parts", "1 to 64 parts", withB(func(b *leasecore.Batch) { b.Parts = nil }))
+	addBatch("65 parts", "1 to 64 parts", withB(func(b *leasecore.Batch) {
+		b.Parts = nil
+		for i := range leasecore.MaxBatchParts + 1 {
+			b.Parts = append(b.Parts, leasecore.PartContent{Part: fmt.Sprint("p", i)})
+		}
+	}))
+	addBatch("repeated part", "repeats parts[0]", withB(func(b *leasecore.Batch) { b.Parts[1].Part = b.Parts[0].Part }))
+	addBatch("token zero", "token", withB(func(b *leasecore.Batch) { b.Token = 0 }))
+	addBatch("token above MaxToken", "token", withB(func(b *leasecore.Batch) { b.Token = leasecore.MaxToken + 1 }))
+	addBatch("content NUL", "parts[1].content", withB(func(b *leasecore.Batch) { b.Parts[1].Content = "a\x00b" }))
+	addBatch("content invalid UTF-8", "parts[1].content", withB(func(b *leasecore.Batch) { b.Parts[1].Content = "a\xffb" }))
+	addBatch("content over MaxContentLen in all", "all parts together", withB(func(b *leasecore.Batch) {
+		b.Parts[0].Content = strings.Repeat("c", leasecore.MaxContentLen/2+1)
+		b.Parts[1].Content = b.Parts[0].Content
+	}))
+
+	// RenewAll: count, one holder, distinct names, each grant valid, TTLs
+	// of whole seconds.
+	second := grant
+	second.Name = "held-lease-2"
+	withG := func(f func(*leasecore.Grant)) []leasecore.Grant {
+		g := second
+		f(&g)
+		return []leasecore.Grant{grant, g}
+	}
+	addRenewAll := func(label, mention string, gs []leasecore.Grant) {
+		add("renew all "+label, inv, mention, func(ctx context.Context) error {
+			_, _, err := s.leases.RenewAll(ctx, gs)
+			return err
+		})
+	}
+	addRenewAll("no grants", "1 to 10000 grants", nil)
+	many := make([]leasecore.Grant, leasecore.MaxRenewAll+1)
+	for i := range many {
+		many[i] = grant
+		many[i].Name = fmt.Sprint("lease-", i)
+	}
+	addRenewAll("too many grants", "1 to 10000 grants", many)
+	addRenewAll("two holders", "grants[1].holder", withG(func(g *leasecore.Grant) { g.Holder = "holder-b" }))
+	addRenewAll("repeated name", "repeats grants[0]", withG(func(g *leasecore.Grant) { g.Name = grant.Name }))
+	addRenewAll("ttl not whole seconds", "grants[1].ttl", withG(func(g *leasecore.Grant) { g.TTL = 1500 * time.Millisecond }))
+	addRenewAll("ttl below MinTTL", "grants[1].ttl", withG(func(g *leasecore.Grant) { g.TTL = time.Millisecond }))
+	addRenewAll("token zero", "grants[1].token", withG(func(g *leasecore.Grant) { g.Token = 0 }))
+	for _, b := range badNames {
+		v := b.v
+		addRenewAll("name "+b.label, "grants[1].name", withG(func(g *leasecore.Grant) { g.Name = v }))
+	}
+
 	// Valid input, cancelled context: every entry point.
 	cancelled := []struct {
 		name string
@@ -220,6 +294,11 @@ func validationCases(s stores, grant leasecore.Grant) []badCase {
 		{"renew", func(ctx context.Context) error { _, err := s.leases.Renew(ctx, grant); return err }},
 		{"release", func(ctx context.Context) error { return s.leases.Release(ctx, grant) }},
 		{"inspect", func(ctx context.Context) error { _, err := s.leases.Inspect(ctx, grant.Name); return err }},
+		{"renew all", func(ctx context.Context) error {
+			_, _, err := s.leases.RenewAll(ctx, []leasecore.Grant{grant})
+			return err
+		}},
+		{"write batch", func(ctx context.Context) error { _, err := bw.WriteBatch(ctx, okBatch); return err }},
 	}
 	for _, nr := range s.resources {
 		cancelled = append(cancelled, []struct {

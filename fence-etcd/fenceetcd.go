@@ -24,10 +24,44 @@
 // timeout; etcd's lease checkpointing, off by default, changes that), so
 // unlike a database clock, downtime does not count against a TTL: after
 // recovery a held lease runs for up to its whole TTL again.
-// Grant.Start is read before the first request
-// of an acquire or renew, and Grant.TTL is the TTL asked for, never the
-// larger one the server may have granted: the local deadline can only be
-// early.
+// Grant.Start is read before the request that started or last restarted the
+// TTL of the etcd lease the key is attached to — the Grant or keep-alive of
+// an acquire or renew; with shared leases possibly an earlier one, see
+// LeaseStore — and Grant.TTL is the TTL asked for, never the larger one the
+// server may have granted: the local deadline can only be early.
+//
+// # Shared leases
+//
+// By default every Acquire grants an etcd lease of its own: Grant, then the
+// transaction (2 requests); Release deletes the key and revokes the lease
+// (2 requests). With WithSharedLeases the store keeps one etcd lease per
+// holder and TTL and attaches all that holder's names to it, like the
+// locks of one concurrency.Session: an Acquire is the one transaction (plus
+// a Grant the first time, and a keep-alive at most once per TTL/3), a
+// Release is one transaction, and LeaseStore.RenewAll renews any number of
+// the holder's names with one keep-alive. Each name keeps its own key and
+// its own token. Names of one holder then live and die together.
+//
+// # Round trips
+//
+// Uncontended, counted as gRPC calls (a KeepAliveOnce opens one short
+// stream, one request and one answer); TestRoundTrips checks them:
+//
+//	                     per-acquire leases          shared leases
+//	Acquire              Grant + Txn                 Txn (+ Grant for a holder's first, or
+//	                                                 + keep-alive once per TTL/3)
+//	refused Acquire      Grant + Txn + Revoke        Txn
+//	Release              Txn + Revoke                Txn
+//	Renew                Range + keep-alive          Range + keep-alive
+//	RenewAll, n names    ceil(n/128) Txn             ceil(n/128) Txn
+//	                     + n keep-alives             + 1 keep-alive per holder and TTL
+//	Close                nothing                     1 Revoke per holder and TTL
+//	Resource.Write       Txn
+//	Resource.WriteBatch  Txn
+//
+// For comparison, etcd's concurrency.Mutex on one concurrency.Session
+// costs a Txn to Lock and a DeleteRange to Unlock, after a Grant and a
+// keep-alive stream per session.
 //
 // # What etcd does not keep
 //
@@ -40,7 +74,8 @@
 // A Resource keeps a floor key per scope, the largest token it accepted,
 // encoded so that byte order is numeric order, and compares it with the
 // token in the same transaction that writes the part: one atomic request,
-// with no window between the check and the write (I3).
+// with no window between the check and the write (I3). WriteBatch does the
+// same for several parts at once, all or none.
 //
 // # Errors
 //
@@ -73,7 +108,7 @@ const MinTTL = time.Second
 const pkg = "fenceetcd"
 
 // Option configures NewLeaseStore, NewResource and etcdcontrol.New. Make
-// one with WithPrefix.
+// one with WithPrefix or WithSharedLeases.
 type Option func(*etcdkv.Options)
 
 // WithPrefix sets the prefix of every key the store writes (default
@@ -85,13 +120,43 @@ func WithPrefix(prefix string) Option {
 	return func(o *etcdkv.Options) { o.Prefix = prefix }
 }
 
-// layout applies opts and validates the result.
-func layout(op string, opts []Option) (etcdkv.Layout, error) {
+// WithSharedLeases makes NewLeaseStore attach all names of one holder (and
+// one TTL) to one etcd lease, as etcd's concurrency.Session does for its
+// locks, instead of granting an etcd lease per Acquire. An acquire then
+// costs one request, a release one request, and a holder renews all its
+// names with one keep-alive. The price: names of one holder live and die
+// together — renewing one renews all, and when the holder stops renewing
+// they all expire at once. See LeaseStore for the details and the rule for
+// Grant.Start. NewResource and etcdcontrol.New ignore it.
+//
+// Every process that acquires or releases names of one holder must use the
+// same mode: a store without this option revokes the etcd lease of a name
+// it releases, which in shared mode would end all of that holder's names.
+//
+// Grant.Start of a shared-mode Acquire may be up to TTL/3 before the call
+// (the shared lease's last refresh). A caller that replaces it with its own
+// clock reading taken before the call — leasecore.Session does, for the
+// period up to its first renewal — gets a local deadline up to TTL/3 - margin
+// later than the key's real expiry; use Grant.Start as returned, or a
+// margin of at least TTL/3.
+func WithSharedLeases() Option {
+	return func(o *etcdkv.Options) { o.SharedLeases = true }
+}
+
+// options applies opts and validates the result.
+func options(op string, opts []Option) (etcdkv.Options, etcdkv.Layout, error) {
 	o := etcdkv.NewOptions()
 	for _, f := range opts {
 		f(&o)
 	}
-	return etcdkv.NewLayout(op, o)
+	l, err := etcdkv.NewLayout(op, o)
+	return o, l, err
+}
+
+// layout applies opts and validates the result.
+func layout(op string, opts []Option) (etcdkv.Layout, error) {
+	_, l, err := options(op, opts)
+	return l, err
 }
 
 // checkWholeSeconds rejects a TTL that is not a whole number of seconds.

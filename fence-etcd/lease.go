@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -16,17 +18,52 @@ import (
 
 // LeaseStore is a lease service on etcd: one key per lease name, attached
 // to an etcd lease, whose create revision is the fencing token
-// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector.
-// It is safe for concurrent use.
+// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector
+// and leasecore.BatchRenewer. It is safe for concurrent use.
+//
+// # Shared leases
+//
+// With WithSharedLeases the store keeps, per holder and TTL, one etcd lease
+// that all of that holder's names are attached to, like the locks of one
+// etcd concurrency.Session:
+//
+//   - Acquire grants the shared lease only when there is none yet or it may
+//     have expired, and otherwise sends the one transaction that creates
+//     the name's key attached to it. When more than a third of the TTL has
+//     passed since the shared lease was last refreshed, it first refreshes
+//     it with one keep-alive (so at most once per TTL/3 per holder, not per
+//     acquire). A put that finds the shared lease gone grants a new one and
+//     tries once more.
+//   - Renew of one name keeps the shared lease alive, and with it EVERY name
+//     of that holder and TTL: they live and die together. A holder that no
+//     longer wants a name must Release it; stopping to renew only that name
+//     does not let it expire while the holder renews others.
+//   - Release deletes the name's key only; the shared lease stays for the
+//     holder's other names and its next acquires.
+//   - Close revokes every shared lease, which deletes all their names at
+//     once.
+//
+// Grant.Start in shared mode is the shared lease's refresh start — the local
+// time read before the Grant or the last successful keep-alive of that etcd
+// lease — not the time of the Acquire request; see Acquire.
 type LeaseStore struct {
 	kv     clientv3.KV
 	leases clientv3.Lease
 	layout etcdkv.Layout
+	shared bool // WithSharedLeases
+
+	mu     sync.Mutex
+	closed bool                       // Close was called
+	pool   map[sharedKey]*sharedLease // shared mode: the etcd lease of each (holder, ttl)
+	// lastRev is the largest revision of a successful shared-mode acquire
+	// (see unputIfOurs).
+	lastRev atomic.Int64
 }
 
 var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
+	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
 )
 
 // cleanupTimeout bounds the best-effort revoke of an etcd lease that holds
@@ -35,19 +72,28 @@ var (
 const cleanupTimeout = 2 * time.Second
 
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
-// set by WithPrefix. A nil cli or an invalid prefix returns a
-// *leasecore.ArgError. The caller keeps ownership of cli and closes it.
+// set by WithPrefix, sharing one etcd lease per holder with
+// WithSharedLeases. A nil cli or an invalid prefix returns a
+// *leasecore.ArgError. The caller keeps ownership of cli and closes it,
+// after Close.
 func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	const op = "new lease store"
 	if cli == nil {
 		return nil, &leasecore.ArgError{Op: op, Field: "client", Reason: "must not be nil"}
 	}
-	l, err := layout(op, opts)
+	o, l, err := options(op, opts)
 	if err != nil {
 		return nil, err
 	}
-	return &LeaseStore{kv: cli.KV, leases: cli.Lease, layout: l}, nil
+	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, layout: l, shared: o.SharedLeases}
+	if s.shared {
+		s.pool = make(map[sharedKey]*sharedLease)
+	}
+	return s, nil
 }
+
+// Shared reports whether the store was made WithSharedLeases.
+func (s *LeaseStore) Shared() bool { return s.shared }
 
 // Acquire implements leasecore.Lease in two requests: Grant an etcd lease
 // of ttl, then one transaction
@@ -64,6 +110,17 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 // Grant.TTL is ttl even when the server granted more (it raises a TTL below
 // its minimum): the holder's local deadline then falls even earlier before
 // the real expiry, which is the safe direction.
+//
+// In shared mode (WithSharedLeases) the transaction puts the key with the
+// holder's shared etcd lease instead, granted or refreshed only when needed
+// (see LeaseStore), and a refused acquire leaves the shared lease alone.
+// Grant.Start is then the shared lease's refresh start, which may be up to
+// TTL/3 before the call (see acquireShared). An error after the transaction
+// was sent, when it may have been applied, deletes the key again if it
+// carries this holder and the shared lease (best effort), so no name is held
+// without the holder knowing — and kept alive by its other names' renewals.
+//
+// After Close, Acquire returns an error wrapping ErrStoreClosed.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	const op = "acquire"
 	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
@@ -71,6 +128,12 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 	}
 	if err := checkWholeSeconds(op, ttl); err != nil {
 		return leasecore.Grant{}, err
+	}
+	if s.isClosed() {
+		return leasecore.Grant{}, fmt.Errorf("%s: %s: %w", pkg, op, ErrStoreClosed)
+	}
+	if s.shared {
+		return s.acquireShared(ctx, name, holder, ttl)
 	}
 	key := s.layout.Lease(name)
 
@@ -83,11 +146,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 	if err != nil {
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	}
-	resp, err := s.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-		Then(clientv3.OpPut(key, holder, clientv3.WithLease(lg.ID))).
-		Else(clientv3.OpGet(key)).
-		Commit()
+	resp, err := s.putIfAbsent(ctx, key, holder, lg.ID)
 	if err != nil || !resp.Succeeded {
 		// Not ours, or unknown: revoking deletes the key too if the put
 		// did happen before an error, so no holder exists that nobody
@@ -107,6 +166,17 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 			Reason: heldBy(resp.Responses[0].GetResponseRange().Kvs), Err: leasecore.ErrHeld}
 	}
 	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl, Start: start}, nil
+}
+
+// putIfAbsent is Acquire's transaction: it creates key with value holder,
+// attached to etcd lease id, only if key does not exist; otherwise it reads
+// the key.
+func (s *LeaseStore) putIfAbsent(ctx context.Context, key, holder string, id clientv3.LeaseID) (*clientv3.TxnResponse, error) {
+	return s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		Then(clientv3.OpPut(key, holder, clientv3.WithLease(id))).
+		Else(clientv3.OpGet(key)).
+		Commit()
 }
 
 // heldBy describes the key a refused acquire found.
@@ -134,6 +204,11 @@ func (s *LeaseStore) revoke(ctx context.Context, id clientv3.LeaseID) {
 // lease) and the lessor refuses to keep an expired lease alive, so a renew
 // after expiry always fails, even when nobody took over. The returned grant
 // has the same token and a new Start.
+//
+// In shared mode the etcd lease kept alive is the holder's shared lease, so
+// this renews every name of g.Holder with g.TTL, not g's alone (see
+// LeaseStore), and it counts as the shared lease's refresh for later
+// acquires.
 func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
 	const op = "renew"
 	if err := s.checkGrant(ctx, op, g); err != nil {
@@ -144,19 +219,22 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	}
 	if reason := lostReason(resp.Kvs, g); reason != "" {
-		return leasecore.Grant{}, lost(op, g, reason)
+		return leasecore.Grant{}, lostHold(op, g, reason)
 	}
 	// Read before sending: the lessor extends from when it handles the
 	// keep-alive, so Start + TTL is never later than the new expiry.
+	id := clientv3.LeaseID(resp.Kvs[0].Lease)
 	start := time.Now()
-	_, err = s.leases.KeepAliveOnce(ctx, clientv3.LeaseID(resp.Kvs[0].Lease))
+	_, err = s.leases.KeepAliveOnce(ctx, id)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		// Expired (or released) between the Get and the keep-alive.
-		return leasecore.Grant{}, lost(op, g, "expired")
+		s.sharedGone(id)
+		return leasecore.Grant{}, lostHold(op, g, "expired")
 	case err != nil:
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	}
+	s.sharedRefreshed(g.Holder, g.TTL, id, start)
 	g.Start = start
 	return g, nil
 }
@@ -171,6 +249,9 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // key holds nothing and expires on its own. Released twice, after expiry or
 // after a take-over it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost and changes nothing.
+//
+// In shared mode it is the transaction alone: the shared etcd lease is not
+// revoked, as the holder's other names are attached to it.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
@@ -192,9 +273,9 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 		if reason == "" {
 			reason = "changed concurrently" // cannot happen: the compare saw it
 		}
-		return lost(op, g, reason)
+		return lostHold(op, g, reason)
 	}
-	if len(kvs) > 0 && kvs[0].Lease != 0 {
+	if !s.shared && len(kvs) > 0 && kvs[0].Lease != 0 {
 		s.revoke(ctx, clientv3.LeaseID(kvs[0].Lease))
 	}
 	return nil
@@ -229,7 +310,7 @@ func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
 	return ""
 }
 
-func lost(op string, g leasecore.Grant, reason string) error {
+func lostHold(op string, g leasecore.Grant, reason string) error {
 	return &leasecore.HoldError{Op: op, Name: g.Name, Holder: g.Holder, Token: g.Token, Reason: reason, Err: leasecore.ErrLost}
 }
 

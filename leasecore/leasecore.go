@@ -27,7 +27,9 @@ type Grant struct {
 	TTL    time.Duration
 
 	// Start is the local time, with its monotonic reading, taken just
-	// before the request that acquired or last renewed the lease was sent.
+	// before the request that acquired or last renewed the lease was sent
+	// (or earlier: a backend whose holding period began before the call,
+	// such as fenceetcd with shared leases, dates the grant back to it).
 	// The server computes the expiry only after it received the request, so
 	// Start+TTL is never later than the server's expiry as long as the two
 	// clocks run at the same rate (Chubby §2.8). Reading the clock after

@@ -150,12 +150,12 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 	// Read the clock before the request: the server starts the TTL only
 	// after it received the request, so a deadline from this earlier
 	// reading can only be earlier than the server's expiry.
-	start := cfg.clock.Now()
+	start, realStart := cfg.clock.Now(), time.Now()
 	g, err := lease.Acquire(ctx, name, holder, cfg.ttl)
 	if err != nil {
 		return nil, err
 	}
-	g.Start = start
+	g.Start = earliestStart(start, realStart, g)
 	deadline := g.LocalDeadline(cfg.margin)
 	if !cfg.clock.Now().Before(deadline) {
 		// The acquire took longer than ttl - margin: the grant is unusable.
@@ -289,7 +289,7 @@ func (s *Session) renewLoop() {
 		case <-tick.C():
 		}
 
-		start := s.clock.Now() // before the request, as in NewSession
+		start, realStart := s.clock.Now(), time.Now() // before the request, as in NewSession
 		if !start.Before(deadline) {
 			s.endDeadline(g)
 			return
@@ -325,7 +325,7 @@ func (s *Session) renewLoop() {
 		ev := RenewEvent{Start: start, Err: rep.err}
 		if rep.err == nil {
 			g = rep.g
-			g.Start = start
+			g.Start = earliestStart(start, realStart, g)
 			deadline = g.LocalDeadline(s.margin)
 			ev.Grant, ev.Deadline = g, deadline
 			s.mu.Lock()
@@ -345,6 +345,20 @@ func (s *Session) renewLoop() {
 		// the next tick. The deadline timer ends the session if no renewal
 		// succeeds in time.
 	}
+}
+
+// earliestStart is the session clock's reading taken before the request,
+// moved back by however much earlier the backend says the holding period
+// started. A backend may date a grant before the call (fenceetcd's shared
+// leases: the key expires with a lease refreshed earlier), and the local
+// deadline must never be later than the server's expiry.
+func earliestStart(start, realStart time.Time, g Grant) time.Time {
+	if !g.Start.IsZero() {
+		if ahead := realStart.Sub(g.Start); ahead > 0 {
+			return start.Add(-ahead)
+		}
+	}
+	return start
 }
 
 func (s *Session) endDeadline(g Grant) {

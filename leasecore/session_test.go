@@ -999,3 +999,29 @@ func TestSessionSystemClock(t *testing.T) {
 	}
 	waitGoroutines(t, baseline)
 }
+
+// backdated dates every grant 3 s before the call, as a backend whose
+// holding period began earlier does (fenceetcd's shared leases).
+type backdated struct{ leasecore.Lease }
+
+func (b backdated) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	g, err := b.Lease.Acquire(ctx, name, holder, ttl)
+	g.Start = g.Start.Add(-3 * time.Second)
+	return g, err
+}
+
+// The session's deadline follows a grant dated before the call: it must
+// never be later than the server's expiry.
+func TestSessionHonoursBackdatedGrant(t *testing.T) {
+	before := time.Now()
+	s, err := leasecore.NewSession(context.Background(), backdated{memfence.NewLeases(nil)}, "report-job", "holder-a",
+		leasecore.WithTTL(10*time.Second), leasecore.WithMargin(time.Second), leasecore.WithRenewInterval(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	// Without the backdating the deadline would be before+9s.
+	if d := s.Deadline().Sub(before); d > 6*time.Second+100*time.Millisecond || d < 5*time.Second {
+		t.Errorf("deadline %v after the call, want about 6s (10s ttl - 1s margin - 3s backdated)", d)
+	}
+}

@@ -58,6 +58,12 @@ type Config struct {
 	// it again on the same data (F8); it returns how, for the output, and
 	// the downtime. Nil declares crash-and-restart absent.
 	Crash func(ctx context.Context) (how string, downtime time.Duration, err error)
+
+	// SharedLeases runs the suite with fenceetcd.WithSharedLeases: every
+	// lease store the harness opens, its holder processes' included,
+	// attaches all names of one holder to one etcd lease. The traits'
+	// name is then "etcd/shared-leases".
+	SharedLeases bool
 }
 
 // New returns the suite's factory for cfg. Each call of the factory picks a
@@ -89,7 +95,8 @@ type harness struct {
 	prefix string // every store and control of this harness, and its holders
 
 	mu      sync.Mutex
-	clients []*clientv3.Client // closed by Close
+	clients []*clientv3.Client      // closed by Close
+	stores  []*fenceetcd.LeaseStore // closed by Close, before the clients
 	closed  bool
 }
 
@@ -115,8 +122,12 @@ func (h *harness) Traits() conformance.Traits {
 	if h.cfg.Crash == nil {
 		absent[conformance.AbilityCrashRestart] = "etcdconformance.Config.Crash is not set: no server this harness may crash"
 	}
+	name := "etcd"
+	if h.cfg.SharedLeases {
+		name = "etcd/shared-leases"
+	}
 	return conformance.Traits{
-		Name:           "etcd",
+		Name:           name,
 		MinTTL:         fenceetcd.MinTTL,
 		TTLGranularity: time.Second,
 		TokenStep:      0, // tokens are revisions: every write to the cluster advances them
@@ -125,13 +136,36 @@ func (h *harness) Traits() conformance.Traits {
 }
 
 // OpenLease implements conformance.Harness: a lease store on a new client,
-// with its own connection.
+// with its own connection, sharing one etcd lease per holder when
+// Config.SharedLeases is set. Close closes it (revoking its shared leases)
+// before it closes the client.
 func (h *harness) OpenLease(ctx context.Context) (leasecore.Lease, error) {
 	cli, err := h.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(h.prefix))
+	store, err := fenceetcd.NewLeaseStore(cli, LeaseOptions(h.prefix, h.cfg.SharedLeases)...)
+	if err != nil {
+		return nil, err
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		_ = store.Close()
+		return nil, fmt.Errorf("%s: harness is closed", pkg)
+	}
+	h.stores = append(h.stores, store)
+	return store, nil
+}
+
+// LeaseOptions returns the options of a lease store under prefix, with
+// fenceetcd.WithSharedLeases when shared is set.
+func LeaseOptions(prefix string, shared bool) []fenceetcd.Option {
+	opts := []fenceetcd.Option{fenceetcd.WithPrefix(prefix)}
+	if shared {
+		opts = append(opts, fenceetcd.WithSharedLeases())
+	}
+	return opts
 }
 
 // OpenResource implements conformance.Harness: a fenced resource on a new
@@ -184,14 +218,18 @@ func (h *harness) CrashRestart(ctx context.Context) (string, time.Duration, erro
 	return h.cfg.Crash(ctx)
 }
 
-// Close implements conformance.Harness: it closes every client the harness
-// opened.
+// Close implements conformance.Harness: it closes every lease store the
+// harness opened (in shared mode that revokes their shared etcd leases),
+// then every client.
 func (h *harness) Close() error {
 	h.mu.Lock()
-	clients := h.clients
-	h.clients, h.closed = nil, true
+	clients, stores := h.clients, h.stores
+	h.clients, h.stores, h.closed = nil, nil, true
 	h.mu.Unlock()
 	var errs []error
+	for _, s := range stores {
+		errs = append(errs, s.Close())
+	}
 	for _, c := range slices.Backward(clients) {
 		errs = append(errs, closeClient(c))
 	}

@@ -84,6 +84,32 @@ func TestFreshPrefixes(t *testing.T) {
 			t.Fatalf("holder spec %+v, args %q; harness prefix %q", spec, cmd.Args, h.prefix)
 		}
 	}
+	// The lease mode travels with the spec: holders use the harness's.
+	for _, shared := range []bool{false, true} {
+		ch, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, HolderArgs: []string{"-test.run=^$"},
+			SharedLeases: shared})(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name := ch.Traits().Name; (name == "etcd/shared-leases") != shared {
+			t.Errorf("SharedLeases=%v: traits name %q", shared, name)
+		}
+		cmd, err := ch.(*harness).HolderCommand(context.Background(), conformance.KindFenced)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var spec holderSpec
+		for _, e := range cmd.Env {
+			if v, ok := strings.CutPrefix(e, HolderEnv+"="); ok {
+				if err := json.Unmarshal([]byte(v), &spec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if spec.SharedLeases != shared || spec.Prefix != ch.(*harness).prefix {
+			t.Errorf("SharedLeases=%v: holder spec %+v", shared, spec)
+		}
+	}
 	h, _ := newH(context.Background())
 	if _, err := h.(*harness).HolderCommand(context.Background(), "other"); !errors.Is(err, leasecore.ErrInvalidArgument) {
 		t.Fatalf("unknown kind: %v", err)

@@ -2,7 +2,6 @@ package etcdconformance
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -26,11 +25,15 @@ type holderSpec struct {
 	Endpoints []string                 `json:"endpoints"`
 	Prefix    string                   `json:"prefix"`
 	Kind      conformance.ResourceKind `json:"kind"`
+	// SharedLeases: the holder's lease store uses
+	// fenceetcd.WithSharedLeases, like the harness's (Config.SharedLeases).
+	SharedLeases bool `json:"shared_leases,omitempty"`
 }
 
 // HolderCommand implements conformance.HolderProcesses: the running binary
 // itself, started again with Config.HolderArgs and HolderEnv set (the
-// endpoints, the harness's key prefix and the resource kind), so no separate
+// endpoints, the harness's key prefix, the resource kind and the lease
+// mode, Config.SharedLeases), so no separate
 // build step exists. The binary must call HolderMain early (a test binary
 // from TestMain, the lab from its holder subcommand).
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
@@ -39,18 +42,8 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("%s: holder command: %w", pkg, err)
-	}
-	spec, err := json.Marshal(holderSpec{Endpoints: h.cfg.Endpoints, Prefix: h.prefix, Kind: kind})
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, self, h.cfg.HolderArgs...)
-	cmd.Env = append(os.Environ(), HolderEnv+"="+string(spec))
-	setHolderProcAttr(cmd)
-	return cmd, nil
+	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
+		holderSpec{Endpoints: h.cfg.Endpoints, Prefix: h.prefix, Kind: kind, SharedLeases: h.cfg.SharedLeases})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -77,8 +70,8 @@ func HolderMain() int {
 
 func holderMain() error {
 	var spec holderSpec
-	if err := json.Unmarshal([]byte(os.Getenv(HolderEnv)), &spec); err != nil {
-		return fmt.Errorf("%s: %w", HolderEnv, err)
+	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
+		return err
 	}
 	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
 	// and are not caught (they cannot be).
@@ -94,10 +87,13 @@ func holderMain() error {
 	}
 	defer closeClient(cli)
 	prefix := fenceetcd.WithPrefix(spec.Prefix)
-	lease, err := fenceetcd.NewLeaseStore(cli, prefix)
+	lease, err := fenceetcd.NewLeaseStore(cli, LeaseOptions(spec.Prefix, spec.SharedLeases)...)
 	if err != nil {
 		return err
 	}
+	// Before the client closes: in shared mode this revokes the holder's
+	// shared lease, so a clean exit frees its names at once.
+	defer lease.Close()
 	var res leasecore.FencedResource
 	switch spec.Kind {
 	case conformance.KindFenced:

@@ -205,6 +205,23 @@ func TestRecordsRoundTrip(t *testing.T) {
 	if s := NewAttemptRecord(w, false, 0).Encode(); strings.Contains(s, "floor") {
 		t.Fatalf("a record with an unknown floor names one: %s", s)
 	}
+	at := time.Now()
+	b := leasecore.Batch{Scope: "s", Writer: "holder-a", Token: 9,
+		Parts: []leasecore.PartContent{{Part: "summary"}, {Part: "detail"}}}
+	enc := NewBatchAttemptRecord(b, true, 9, at).Encode()
+	ba, err := DecodeAttempt("k", []byte(enc))
+	if err != nil || ba.Part != "" || strings.Join(ba.PartNames(), ",") != "summary,detail" || !ba.Accepted ||
+		ba.Floor != 9 || ba.Token != 9 || !ba.At.Equal(at) || strings.Contains(enc, `"part"`) {
+		t.Fatalf("batch attempt round trip: %s -> %+v, %v", enc, ba, err)
+	}
+	if got := strings.Join(a.PartNames(), ","); got != "p" {
+		t.Fatalf("single attempt's parts: %q", got)
+	}
+	for _, bad := range []string{`{"writer":"w","token":1}`, `{"part":"p","parts":["q"],"writer":"w","token":1}`} {
+		if _, err := DecodeAttempt("k", []byte(bad)); err == nil {
+			t.Errorf("DecodeAttempt(%s): no error", bad)
+		}
+	}
 	if _, err := DecodePart("k", []byte("00000000000000000005")); err == nil || !strings.Contains(err.Error(), `"k"`) {
 		t.Fatalf("decoding a non-record: %v", err)
 	}

@@ -16,6 +16,9 @@ const DefaultPrefix = "/leasefence"
 // not ready for use: start from NewOptions.
 type Options struct {
 	Prefix string
+	// SharedLeases is fenceetcd.WithSharedLeases: only NewLeaseStore reads
+	// it.
+	SharedLeases bool
 }
 
 // NewOptions returns the defaults.

@@ -84,7 +84,8 @@ func (r Reader) readPart(ctx context.Context, scope, part, key string) (leasecor
 
 // Attempts implements leasecore.ResourceReader: one range read of the
 // scope's attempt keys, sorted by modification revision (each key is
-// written once, in the transaction of its attempt), oldest first. An
+// written once, in the transaction of its attempt), oldest first. A batch's
+// key becomes one attempt per part, in the batch's order. An
 // attempt whose record carries no floor did not change it and gets the
 // floor after the previous attempt (see AttemptRecord.Floor); 0 before the
 // first.
@@ -108,8 +109,12 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 		if rec.Floor != 0 {
 			floor = leasecore.Token(rec.Floor)
 		}
-		out = append(out, leasecore.Attempt{Scope: scope, Part: rec.Part, Writer: rec.Writer,
-			Token: leasecore.Token(rec.Token), Accepted: rec.Accepted, Floor: floor, At: rec.At})
+		// A batch's record stands for one attempt per part, in the
+		// batch's order, all with the same outcome.
+		for _, part := range rec.PartNames() {
+			out = append(out, leasecore.Attempt{Scope: scope, Part: part, Writer: rec.Writer,
+				Token: leasecore.Token(rec.Token), Accepted: rec.Accepted, Floor: floor, At: rec.At})
+		}
 	}
 	return out, nil
 }

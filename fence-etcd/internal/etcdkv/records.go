@@ -28,7 +28,13 @@ type PartRecord struct {
 
 // NewPartRecord returns the record of w, stamped with the local clock.
 func NewPartRecord(w leasecore.Write) PartRecord {
-	return PartRecord{Content: []byte(w.Content), Writer: w.Writer, Token: uint64(w.Token), WrittenAt: time.Now().UTC()}
+	return NewPartRecordAt(w, time.Now())
+}
+
+// NewPartRecordAt returns the record of w, stamped with at (the parts of a
+// batch share one time).
+func NewPartRecordAt(w leasecore.Write, at time.Time) PartRecord {
+	return PartRecord{Content: []byte(w.Content), Writer: w.Writer, Token: uint64(w.Token), WrittenAt: at.UTC()}
 }
 
 // Encode returns the record as JSON.
@@ -52,11 +58,22 @@ func DecodePart(key string, value []byte) (PartRecord, error) {
 // AttemptRecord is the value of an attempt key: one write attempt,
 // accepted or rejected, written in the same transaction as the write it
 // records (or, for a rejection, instead of it).
+//
+// A single write's record names its part in Part. A batch's record
+// (fenceetcd.Resource.WriteBatch) names all its parts, in the batch's
+// order, in Parts instead, and Part is empty: the batch is one attempt of
+// all or none of its parts, and one key per batch keeps its transaction
+// inside etcd's limit of operations per transaction (128 by default) —
+// a floor, 64 parts and 64 attempt keys would need 129. Reader.Attempts
+// expands such a record into one leasecore.Attempt per part, so readers see
+// one entry per part, as on PostgreSQL. Exactly one of Part and Parts is
+// set.
 type AttemptRecord struct {
-	Part     string `json:"part"`
-	Writer   string `json:"writer"`
-	Token    uint64 `json:"token"`
-	Accepted bool   `json:"accepted"`
+	Part     string   `json:"part,omitempty"`
+	Parts    []string `json:"parts,omitempty"`
+	Writer   string   `json:"writer"`
+	Token    uint64   `json:"token"`
+	Accepted bool     `json:"accepted"`
 	// Floor is the scope's floor after the attempt, when the writer knew it
 	// while building its transaction: an accepted fenced write sets the
 	// floor to its own token. It is omitted when the writer could not know
@@ -80,14 +97,38 @@ func NewAttemptRecord(w leasecore.Write, accepted bool, floor leasecore.Token) A
 		Floor: uint64(floor), At: time.Now().UTC()}
 }
 
+// NewBatchAttemptRecord returns the record of batch b's attempt: one record
+// for all its parts (see AttemptRecord), stamped with at.
+func NewBatchAttemptRecord(b leasecore.Batch, accepted bool, floor leasecore.Token, at time.Time) AttemptRecord {
+	parts := make([]string, len(b.Parts))
+	for i, p := range b.Parts {
+		parts[i] = p.Part
+	}
+	return AttemptRecord{Parts: parts, Writer: b.Writer, Token: uint64(b.Token), Accepted: accepted,
+		Floor: uint64(floor), At: at.UTC()}
+}
+
 // Encode returns the record as JSON.
 func (a AttemptRecord) Encode() string { return mustJSON(a) }
 
-// DecodeAttempt parses the value of an attempt key.
+// PartNames returns the parts the record stands for: Part for a single
+// write, Parts for a batch.
+func (a AttemptRecord) PartNames() []string {
+	if len(a.Parts) > 0 {
+		return a.Parts
+	}
+	return []string{a.Part}
+}
+
+// DecodeAttempt parses the value of an attempt key. A record must name
+// exactly one of part and parts.
 func DecodeAttempt(key string, value []byte) (AttemptRecord, error) {
 	var a AttemptRecord
 	if err := json.Unmarshal(value, &a); err != nil {
 		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: %w", key, err)
+	}
+	if (a.Part == "") == (len(a.Parts) == 0) {
+		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: it must name exactly one of part and parts", key)
 	}
 	return a, nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,8 +19,9 @@ import (
 // etcdEnv is an embedded etcd server (a child process of this binary) and
 // a client.
 type etcdEnv struct {
-	srv *etcdtemp.Server
-	cli *clientv3.Client
+	srv     *etcdtemp.Server
+	cli     *clientv3.Client
+	closers []func() error // run before the client closes
 }
 
 func startEtcd(ctx context.Context, say func(string, ...any)) (_ *etcdEnv, err error) {
@@ -41,6 +43,9 @@ func startEtcd(ctx context.Context, say func(string, ...any)) (_ *etcdEnv, err e
 
 func (e *etcdEnv) close() error {
 	var err error
+	for _, c := range e.closers {
+		err = errors.Join(err, c())
+	}
 	if e.cli != nil {
 		err = e.cli.Close()
 		if errors.Is(err, context.Canceled) {
@@ -60,15 +65,28 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 	if err != nil {
 		return nil, err
 	}
-	leases, err := fenceetcd.NewLeaseStore(e.cli, fenceetcd.WithPrefix("/bench/leases"))
+	// Shared leases: a holder's names hang on one etcd lease, as a
+	// concurrency.Session's locks hang on the session's, so acquire and
+	// release are one Txn each (fenceetcd.WithSharedLeases).
+	leases, err := fenceetcd.NewLeaseStore(e.cli, fenceetcd.WithPrefix("/bench/leases"), fenceetcd.WithSharedLeases())
 	if err != nil {
 		return nil, err
 	}
+	e.closers = append(e.closers, leases.Close)
 	session, err := concurrency.NewSession(e.cli, concurrency.WithTTL(60))
 	if err != nil {
 		return nil, err
 	}
+	e.closers = append(e.closers, session.Close)
 	mutex := concurrency.NewMutex(session, "/bench/mutex")
+	var shards []leasecore.Grant
+	for i := range 1000 {
+		g, err := leases.Acquire(ctx, fmt.Sprintf("shard-%04d", i), "bench-shards", 60*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		shards = append(shards, g)
+	}
 	return []variant{
 		{"etcd_put", 1, func(b *testing.B) {
 			for b.Loop() {
@@ -95,6 +113,17 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 					b.Fatal(err)
 				}
 				if err := mutex.Unlock(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}},
+		{"etcd_renew_1000_leases_per_lease", 1000, func(b *testing.B) {
+			for b.Loop() {
+				_, lost, err := leases.RenewAll(ctx, shards)
+				if err == nil {
+					err = errors.Join(lost...)
+				}
+				if err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -1,7 +1,0 @@
-//go:build !linux
-
-package etcdconformance
-
-import "os/exec"
-
-func setHolderProcAttr(*exec.Cmd) {}

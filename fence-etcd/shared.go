@@ -1,0 +1,313 @@
+package fenceetcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// ErrStoreClosed is wrapped by the error of an Acquire on a LeaseStore after
+// its Close. It wraps leasecore.ErrClosed.
+var ErrStoreClosed error = storeClosedError{}
+
+type storeClosedError struct{}
+
+func (storeClosedError) Error() string { return "lease store closed" }
+func (storeClosedError) Unwrap() error { return leasecore.ErrClosed }
+
+// sharedKey names a shared etcd lease: one per holder and TTL, since an etcd
+// lease has one TTL.
+type sharedKey struct {
+	holder string
+	ttl    time.Duration
+}
+
+// sharedLease is the etcd lease that all names of one (holder, ttl) are
+// attached to in shared mode.
+type sharedLease struct {
+	// busy (capacity 1) is held while the lease is granted or refreshed,
+	// so that concurrent acquires of one holder wait for one Grant
+	// instead of each granting a lease of its own. Waiting for it honours
+	// the waiter's context.
+	busy chan struct{}
+
+	// Guarded by LeaseStore.mu.
+	id clientv3.LeaseID // 0: none yet, or known to be gone
+	// refreshed is the local time, with its monotonic reading, read
+	// BEFORE the Grant of id or before the last successful keep-alive of
+	// id. The lessor starts (or restarts) the TTL only when it handles the
+	// request, so id expires no earlier than refreshed + ttl (as long as
+	// the clocks run at the same rate; a leader change only lengthens it).
+	refreshed time.Time
+}
+
+// isClosed reports whether Close was called.
+func (s *LeaseStore) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// sharedFor returns the pool entry of (holder, ttl), creating it.
+func (s *LeaseStore) sharedFor(holder string, ttl time.Duration) *sharedLease {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := sharedKey{holder, ttl}
+	sl := s.pool[k]
+	if sl == nil {
+		sl = &sharedLease{busy: make(chan struct{}, 1)}
+		s.pool[k] = sl
+	}
+	return sl
+}
+
+// sharedRefreshed records a successful keep-alive of etcd lease id, sent
+// after start, for a name of (holder, ttl): when id is that pair's shared
+// lease, start becomes its refresh start. A no-op without shared leases.
+func (s *LeaseStore) sharedRefreshed(holder string, ttl time.Duration, id clientv3.LeaseID, start time.Time) {
+	if !s.shared {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl := s.pool[sharedKey{holder, ttl}]; sl != nil && sl.id == id && start.After(sl.refreshed) {
+		sl.refreshed = start
+	}
+}
+
+// sharedGone forgets etcd lease id when it is a shared lease: etcd said it
+// does not exist (expired or revoked), so the next acquire grants a new one
+// at once instead of failing a put first. A no-op without shared leases.
+func (s *LeaseStore) sharedGone(id clientv3.LeaseID) {
+	if !s.shared {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, sl := range s.pool {
+		if sl.id == id {
+			sl.id = 0
+		}
+	}
+}
+
+// sharedLease returns the shared etcd lease of sl (holder, ttl) for an
+// acquire, and its refresh start:
+//
+//   - refreshed less than ttl/3 ago: as it is, with no request;
+//   - refreshed between ttl/3 and ttl ago: after one KeepAliveOnce, with the
+//     time read before it as the new refresh start (a lease found gone is
+//     replaced as below);
+//   - none yet, or refreshed ttl or more ago (it may have expired by now):
+//     a new lease from one Grant, with the time read before it.
+//
+// The refresh keeps a new hold useful: the grant's Start is the refresh
+// start, so without it a hold acquired late in the shared lease's period
+// would have little of its TTL left. It costs one round trip at most once
+// per ttl/3 per holder, not per acquire.
+func (s *LeaseStore) sharedLease(ctx context.Context, op string, sl *sharedLease, ttl time.Duration) (clientv3.LeaseID, time.Time, error) {
+	select {
+	case sl.busy <- struct{}{}:
+	case <-ctx.Done():
+		return 0, time.Time{}, etcdkv.MapError(ctx, pkg, op, ctx.Err())
+	}
+	defer func() { <-sl.busy }()
+
+	s.mu.Lock()
+	id, refreshed, closed := sl.id, sl.refreshed, s.closed
+	s.mu.Unlock()
+	if closed {
+		return 0, time.Time{}, fmt.Errorf("%s: %s: %w", pkg, op, ErrStoreClosed)
+	}
+	if id != 0 {
+		switch age := time.Since(refreshed); {
+		case age < ttl/3:
+			return id, refreshed, nil
+		case age < ttl:
+			start := time.Now() // before the request, as in Renew
+			_, err := s.leases.KeepAliveOnce(ctx, id)
+			switch {
+			case err == nil:
+				s.mu.Lock()
+				if sl.id == id && start.After(sl.refreshed) {
+					sl.refreshed = start
+				}
+				refreshed = sl.refreshed
+				s.mu.Unlock()
+				return id, refreshed, nil
+			case !errors.Is(err, rpctypes.ErrLeaseNotFound):
+				return 0, time.Time{}, etcdkv.MapError(ctx, pkg, op, err)
+			}
+			// Gone (expired or revoked): grant a new one.
+		}
+		// Not refreshed for a whole ttl: by our clock it has expired (only
+		// a leader change, which restarts every lease's TTL, can have kept
+		// it). A new lease costs the same one request as a keep-alive
+		// that would most likely fail.
+	}
+	start := time.Now() // before the request: see sharedLease.refreshed
+	lg, err := s.leases.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return 0, time.Time{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.revoke(ctx, lg.ID)
+		return 0, time.Time{}, fmt.Errorf("%s: %s: %w", pkg, op, ErrStoreClosed)
+	}
+	sl.id, sl.refreshed = lg.ID, start
+	s.mu.Unlock()
+	return lg.ID, start, nil
+}
+
+// acquireShared is Acquire in shared mode: the one transaction of Acquire,
+// putting the key with the holder's shared etcd lease (see sharedLease for
+// when that costs a Grant or a keep-alive first).
+func (s *LeaseStore) acquireShared(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	const op = "acquire"
+	key := s.layout.Lease(name)
+	sl := s.sharedFor(holder, ttl)
+	for retried := false; ; retried = true {
+		id, refreshed, err := s.sharedLease(ctx, op, sl, ttl)
+		if err != nil {
+			return leasecore.Grant{}, err
+		}
+		// Every key this store created with id has a create revision up to
+		// here: the cleanup below must not delete one of those.
+		before := s.lastRev.Load()
+		resp, err := s.putIfAbsent(ctx, key, holder, id)
+		switch {
+		case errors.Is(err, rpctypes.ErrLeaseNotFound):
+			// The shared lease expired or was revoked after we last saw
+			// it alive; etcd checked it before writing anything. Replace
+			// it and try once more.
+			s.sharedGone(id)
+			if !retried {
+				continue
+			}
+			return leasecore.Grant{}, fmt.Errorf("%s: %s: the shared lease expired before the key was written, twice (ttl %v): %w: %w",
+				pkg, op, ttl, leasecore.ErrUnavailable, err)
+		case err != nil:
+			// The transaction may have been applied. Its key would then be
+			// held by this holder, who does not know it, and kept alive by
+			// every renewal of the holder's other names: delete it again.
+			s.unputIfOurs(ctx, key, holder, id, before)
+			return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
+		case !resp.Succeeded:
+			// Held. The shared lease stays, for the holder's other names
+			// and its next acquires.
+			return leasecore.Grant{}, &leasecore.HoldError{Op: op, Name: name, Holder: holder,
+				Reason: heldBy(resp.Responses[0].GetResponseRange().Kvs), Err: leasecore.ErrHeld}
+		}
+		s.noteRev(resp.Header.Revision)
+		// SAFETY RULE. The key lives exactly as long as the shared etcd
+		// lease, which expires at (its last refresh) + ttl by the
+		// lessor's clock — possibly EARLIER than (this acquire) + ttl,
+		// since the shared lease may have been granted or kept alive a
+		// while ago and nothing in this transaction extended it. So Start
+		// is the shared lease's refresh start (the local time read before
+		// its Grant or its last successful keep-alive), never the time of
+		// this request: Start + TTL must not be later than the real
+		// expiry, or the holder's local deadline would outlive its hold.
+		// sharedLease keeps refreshed within ttl/3 of now, so a new hold
+		// has at least 2/3 of its TTL left.
+		return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl,
+			Start: refreshed}, nil
+	}
+}
+
+// noteRev records the revision of a successful shared-mode acquire.
+func (s *LeaseStore) noteRev(rev int64) {
+	for {
+		cur := s.lastRev.Load()
+		if rev <= cur || s.lastRev.CompareAndSwap(cur, rev) {
+			return
+		}
+	}
+}
+
+// unputIfOurs deletes key, best effort, if an acquire whose answer was lost
+// created it: the key holds holder, is attached to shared lease id, and was
+// created after revision before — later than every key this store's
+// earlier acquires created with id, so a name the holder already held is
+// left alone (only a concurrent acquire of the same name by the same holder
+// on this store could be mistaken for ours). ctx may be why we are
+// cleaning up, so it is not used for the deadline.
+func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id clientv3.LeaseID, before int64) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = s.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(key), "=", holder),
+			clientv3.Compare(clientv3.LeaseValue(key), "=", id),
+			clientv3.Compare(clientv3.CreateRevision(key), ">", before)).
+		Then(clientv3.OpDelete(key)).
+		Commit()
+}
+
+// closeParallel bounds the revocations Close sends at once.
+const closeParallel = 16
+
+// Close ends the store's use of etcd leases. In shared mode it revokes the
+// shared etcd lease of every holder and TTL the store acquired for, which
+// deletes all the names attached to them at once: a clean shutdown frees the
+// holder's names for other holders without waiting for their TTL. Without
+// shared leases it revokes nothing: each name's etcd lease is its own, and
+// its grant can still be renewed and released.
+//
+// Revoking is best effort, bounded by 2 seconds in all: a lease Close could
+// not revoke expires after its TTL. Close returns the errors of failed
+// revocations (a lease already expired is not one). A lease the store
+// replaced because it had not been refreshed for a whole TTL is not revoked:
+// by the local clock it has expired already.
+//
+// After Close, Acquire fails with an error wrapping ErrStoreClosed; Renew,
+// RenewAll, Release and Inspect keep working (in shared mode they find the
+// revoked names gone). An Acquire running concurrently with Close may return
+// a grant whose name Close has already deleted; its Renew then fails with
+// leasecore.ErrLost. Close is idempotent. It does not close the client.
+func (s *LeaseStore) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	var ids []clientv3.LeaseID
+	for _, sl := range s.pool {
+		if sl.id != 0 {
+			ids = append(ids, sl.id)
+			sl.id = 0
+		}
+	}
+	s.mu.Unlock()
+	if len(ids) == 0 {
+		return nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	errs := make([]error, len(ids))
+	sem := make(chan struct{}, closeParallel)
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			_, err := s.leases.Revoke(ctx, id)
+			if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				errs[i] = etcdkv.MapError(ctx, pkg, fmt.Sprintf("close: revoke shared lease %x", int64(id)), err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
