@@ -90,22 +90,22 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	return s.endOrExtend(ctx, "release", g, pgsql.Release)
 }
 
-// endOrExtend runs Renew's or Release's statement, which returns whether it
-// updated the row and, in the same round trip, the row as it was before.
+// endOrExtend runs Renew's or Release's statement, which returns no row
+// when it updated the lease and, in the same round trip, the row as it was
+// before when it did not.
 func (s *LeaseStore) endOrExtend(ctx context.Context, op string, g leasecore.Grant, query string, extra ...any) error {
 	args := append([]any{g.Name, g.Holder, int64(g.Token)}, extra...)
 	var (
-		updated bool
-		before  leaseRow
-		token   int64
+		before leaseRow
+		token  int64
 	)
 	err := s.db.QueryRow(ctx, query, args...).Scan(
-		&updated, &before.exists, &before.holder, &token, &before.released, &before.held)
-	if err != nil {
+		&before.exists, &before.holder, &token, &before.released, &before.held)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil // updated
+	case err != nil:
 		return pgstore.MapError(ctx, pkg, op, err)
-	}
-	if updated {
-		return nil
 	}
 	before.token = leasecore.Token(token)
 	return &leasecore.HoldError{Op: op, Name: g.Name, Holder: g.Holder, Token: g.Token,

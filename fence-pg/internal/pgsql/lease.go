@@ -29,12 +29,15 @@ const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > 
 // diagnosis ends Renew and Release. A data-modifying WITH clause and the
 // main query run on one snapshot, so the main query sees the lease row as
 // it was before the statement: when the update did not happen, that row
-// says why, without a second round trip. Columns: updated, exists, holder,
-// token, released, held.
+// says why, without a second round trip. When the update happened, the
+// uncorrelated NOT EXISTS is a one-time filter that skips the lookup and
+// returns no row at all: the common case costs nothing extra. Columns of
+// the one row returned on failure: exists, holder, token, released, held.
 const diagnosis = `
-SELECT EXISTS (SELECT FROM u), l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
+SELECT l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
        coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
-  FROM (SELECT 1) AS one LEFT JOIN lease l ON l.name = $1`
+  FROM (SELECT 1) AS one LEFT JOIN lease l ON l.name = $1
+ WHERE NOT EXISTS (SELECT FROM u)`
 
 // Renew extends the holding period ($1 name, $2 holder, $3 token) to now()
 // plus $4 microseconds, only while it is unexpired. See diagnosis for the

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,11 +65,23 @@ func run(ctx context.Context, cfg config) (err error) {
 	fmt.Fprintf(w, "# leasefence bench, %s\n", time.Now().UTC().Format(time.RFC3339))
 	fmt.Fprintf(w, "# %s %s/%s, %d CPUs; %s; durability on (fsync, synchronous_commit, etcd WAL fsync)\n",
 		runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), env.describe())
-	fmt.Fprintf(w, "# %d interleaved rounds, median reported; ratios are of two variants of this run\n\n", cfg.rounds)
+	fmt.Fprintf(w, "# %d rounds after a warm-up, variants in a new random order each round; table: median per variant;\n", cfg.rounds)
+	fmt.Fprintf(w, "# RATIO: median over rounds of the ratio within a round (two variants of this run, never of two runs)\n\n")
 
+	// Round 0 warms up (prepared statements, connections, caches) and is
+	// not counted. Every round runs all variants in a new random order, so
+	// a slow phase of the machine does not always hit the same variant;
+	// each ratio is taken within a round and the median over rounds is
+	// reported, which a drifting machine disturbs less than a ratio of
+	// medians.
 	results := map[string][]testing.BenchmarkResult{}
-	for r := 0; r < cfg.rounds; r++ {
-		for _, v := range variants {
+	perRound := make([]map[string]float64, 0, cfg.rounds)
+	rng := rand.New(rand.NewPCG(1, 2))
+	order := slices.Clone(variants)
+	for r := 0; r <= cfg.rounds; r++ {
+		rng.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		round := map[string]float64{}
+		for _, v := range order {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -76,8 +89,16 @@ func run(ctx context.Context, cfg config) (err error) {
 			if res.N == 0 {
 				return fmt.Errorf("variant %s failed (see above)", v.name)
 			}
+			ns := float64(res.T.Nanoseconds()) / float64(res.N) / float64(v.perOp)
+			say("round %d/%d %-32s %10.0f ns/op", r, cfg.rounds, v.name, ns)
+			if r == 0 {
+				continue
+			}
 			results[v.name] = append(results[v.name], res)
-			say("round %d/%d %-32s %10.0f ns/op", r+1, cfg.rounds, v.name, float64(res.NsPerOp())/float64(v.perOp))
+			round[v.name] = ns
+		}
+		if r > 0 {
+			perRound = append(perRound, round)
 		}
 	}
 	ms := map[string]measurement{}
@@ -104,11 +125,16 @@ func run(ctx context.Context, cfg config) (err error) {
 
 	fmt.Fprintln(w)
 	ratio := func(name, num, den string) {
-		a, b := ms[num], ms[den]
-		if a.nsPerOp == 0 || b.nsPerOp == 0 {
+		var rs []float64
+		for _, round := range perRound {
+			if a, b := round[num], round[den]; a > 0 && b > 0 {
+				rs = append(rs, a/b)
+			}
+		}
+		if len(rs) == 0 {
 			return
 		}
-		fmt.Fprintf(w, "RATIO %s %.2f\n", name, a.nsPerOp/b.nsPerOp)
+		fmt.Fprintf(w, "RATIO %s %.2f\n", name, median(rs))
 	}
 	ratio("fenced_write/unfenced_upsert", "fenced_write", "unfenced_upsert")
 	ratio("article_txn_fence/unfenced_upsert", "article_txn_fence", "unfenced_upsert")

@@ -26,8 +26,8 @@ func main() {
 		os.Exit(etcdtemp.Serve())
 	}
 	testing.Init() // Go's benchmark harness, outside go test
-	rounds := flag.Int("rounds", 5, "interleaved rounds per variant; the median is reported")
-	benchtime := flag.Duration("benchtime", 300*time.Millisecond, "target time per variant per round")
+	rounds := flag.Int("rounds", 15, "rounds after a warm-up round; each runs every variant once, in a random order")
+	benchtime := flag.Duration("benchtime", 150*time.Millisecond, "target time per variant per round")
 	out := flag.String("out", "", "directory to write the report (latest.txt) to; empty: stdout only")
 	lab := flag.String("lab", "", "path of run.sh: when set, the whole lab is timed once (lab_wall_seconds)")
 	scaling := flag.String("scaling", "1,1000,100000", "existing leases/scopes for the scaling table")
