@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
+	"syscall"
+
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // HolderSelfCommand returns an unstarted command that runs the running
@@ -42,4 +46,39 @@ func HolderSpec(envKey string, spec any) (ok bool, err error) {
 		return true, fmt.Errorf("conformance: holder spec %s: %w", envKey, err)
 	}
 	return true, nil
+}
+
+// HolderOpener opens the lease service and the resource a holder process
+// uses; closeAll releases whatever it opened. It runs after the spec was
+// decoded (see HolderMain).
+type HolderOpener func(ctx context.Context) (lease leasecore.Lease, res leasecore.FencedResource, closeAll func(), err error)
+
+// HolderMain is the whole main function of a holder process started by
+// HolderSelfCommand: it decodes the JSON in envKey into spec, opens the
+// backend with open, runs RunHolder on stdin and stdout until EXIT or the
+// end of stdin, and returns the exit code. SIGTERM ends it cleanly;
+// SIGSTOP and SIGCONT are the experiment and cannot be caught.
+func HolderMain(envKey string, spec any, open HolderOpener) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "holder (%s): %v\n", envKey, err)
+		return 1
+	}
+	ok, err := HolderSpec(envKey, spec)
+	if err != nil {
+		return fail(err)
+	}
+	if !ok {
+		return fail(fmt.Errorf("%s is not set: the suite starts holder processes itself", envKey))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	lease, res, closeAll, err := open(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer closeAll()
+	if err := RunHolder(ctx, lease, res, os.Stdin, os.Stdout); err != nil {
+		return fail(err)
+	}
+	return 0
 }

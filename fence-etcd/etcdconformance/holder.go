@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
-	"syscall"
 
 	"github.com/leasefence/leasefence/conformance"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -61,54 +59,41 @@ func IsHolderProcess() bool { return os.Getenv(HolderEnv) != "" }
 //		os.Exit(m.Run())
 //	}
 func HolderMain() int {
-	if err := holderMain(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s holder: %v\n", pkg, err)
-		return 1
-	}
-	return 0
-}
-
-func holderMain() error {
 	var spec holderSpec
-	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
-		return err
-	}
-	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
-	// and are not caught (they cannot be).
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-
-	// One client for both: gRPC multiplexes requests on its connection, so
-	// the session's background renewal and the holder's writes do not
-	// queue behind each other.
-	cli, err := Dial(ctx, spec.Endpoints)
-	if err != nil {
-		return err
-	}
-	defer closeClient(cli)
-	prefix := fenceetcd.WithPrefix(spec.Prefix)
-	lease, err := fenceetcd.NewLeaseStore(cli, LeaseOptions(spec.Prefix, spec.SharedLeases)...)
-	if err != nil {
-		return err
-	}
-	// Before the client closes: in shared mode this revokes the holder's
-	// shared lease, so a clean exit frees its names at once.
-	defer lease.Close()
-	var res leasecore.FencedResource
-	switch spec.Kind {
-	case conformance.KindFenced:
-		res, err = fenceetcd.NewResource(cli, prefix)
-	case conformance.KindUnfenced:
-		controls, cerr := etcdcontrol.New(cli, prefix)
-		if cerr != nil {
-			return cerr
+	return conformance.HolderMain(HolderEnv, &spec, func(ctx context.Context) (leasecore.Lease, leasecore.FencedResource, func(), error) {
+		// One client for both: gRPC multiplexes requests on its connection,
+		// so the session's background renewal and the holder's writes do
+		// not queue behind each other.
+		cli, err := Dial(ctx, spec.Endpoints)
+		if err != nil {
+			return nil, nil, nil, err
 		}
-		res = controls.Unfenced()
-	default:
-		err = errors.New("unknown resource kind " + string(spec.Kind))
-	}
-	if err != nil {
-		return err
-	}
-	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+		lease, err := fenceetcd.NewLeaseStore(cli, LeaseOptions(spec.Prefix, spec.SharedLeases)...)
+		if err != nil {
+			_ = closeClient(cli)
+			return nil, nil, nil, err
+		}
+		// The lease store closes before the client: in shared mode this
+		// revokes the holder's shared lease, so a clean exit frees its
+		// names at once.
+		closeAll := func() { _ = lease.Close(); _ = closeClient(cli) }
+		prefix := fenceetcd.WithPrefix(spec.Prefix)
+		var res leasecore.FencedResource
+		switch spec.Kind {
+		case conformance.KindFenced:
+			res, err = fenceetcd.NewResource(cli, prefix)
+		case conformance.KindUnfenced:
+			var controls *etcdcontrol.Controls
+			if controls, err = etcdcontrol.New(cli, prefix); err == nil {
+				res = controls.Unfenced()
+			}
+		default:
+			err = errors.New("unknown resource kind " + string(spec.Kind))
+		}
+		if err != nil {
+			closeAll()
+			return nil, nil, nil, err
+		}
+		return lease, res, closeAll, nil
+	})
 }

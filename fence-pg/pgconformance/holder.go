@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
-	"syscall"
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
@@ -55,40 +53,26 @@ func IsHolderProcess() bool { return os.Getenv(HolderEnv) != "" }
 //		os.Exit(m.Run())
 //	}
 func HolderMain() int {
-	if err := holderMain(); err != nil {
-		fmt.Fprintf(os.Stderr, "%s holder: %v\n", pkg, err)
-		return 1
-	}
-	return 0
-}
-
-func holderMain() error {
 	var spec holderSpec
-	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
-		return err
-	}
-	// SIGTERM ends the holder cleanly; SIGSTOP/SIGCONT are the experiment
-	// and are not caught (they cannot be).
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-
-	// Two connections each: the session's background renewal and the
-	// holder's own statements must not queue behind each other.
-	leasePool, err := pgopen.Open(ctx, spec.Driver, spec.LeaseDSN, 2)
-	if err != nil {
-		return err
-	}
-	defer leasePool.Close()
-	lease, err := leasePool.LeaseStore()
-	if err != nil {
-		return err
-	}
-	res, closeRes, err := OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
-	if err != nil {
-		return err
-	}
-	defer closeRes()
-	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+	return conformance.HolderMain(HolderEnv, &spec, func(ctx context.Context) (leasecore.Lease, leasecore.FencedResource, func(), error) {
+		// Two connections each: the session's background renewal and the
+		// holder's own statements must not queue behind each other.
+		leasePool, err := pgopen.Open(ctx, spec.Driver, spec.LeaseDSN, 2)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		lease, err := leasePool.LeaseStore()
+		if err != nil {
+			_ = leasePool.Close()
+			return nil, nil, nil, err
+		}
+		res, closeRes, err := OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
+		if err != nil {
+			_ = leasePool.Close()
+			return nil, nil, nil, err
+		}
+		return lease, res, func() { _ = closeRes(); _ = leasePool.Close() }, nil
+	})
 }
 
 // OpenHolderResource opens the resource a holder process writes to: the

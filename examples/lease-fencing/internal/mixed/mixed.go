@@ -11,7 +11,6 @@ package mixed
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"sync"
@@ -162,32 +161,22 @@ func IsHolderProcess() bool { return os.Getenv(HolderEnv) != "" }
 // HolderMain runs this process as a holder of the pair and returns its exit
 // code.
 func HolderMain() int {
-	if err := holderMain(); err != nil {
-		fmt.Fprintln(os.Stderr, "mixed holder:", err)
-		return 1
-	}
-	return 0
-}
-
-func holderMain() error {
 	var spec holderSpec
-	if _, err := conformance.HolderSpec(HolderEnv, &spec); err != nil {
-		return err
-	}
-	ctx := context.Background()
-	cli, err := etcdconformance.Dial(ctx, spec.EtcdEndpoints)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	lease, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(spec.Prefix))
-	if err != nil {
-		return err
-	}
-	res, closeRes, err := pgconformance.OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
-	if err != nil {
-		return err
-	}
-	defer closeRes()
-	return conformance.RunHolder(ctx, lease, res, os.Stdin, os.Stdout)
+	return conformance.HolderMain(HolderEnv, &spec, func(ctx context.Context) (leasecore.Lease, leasecore.FencedResource, func(), error) {
+		cli, err := etcdconformance.Dial(ctx, spec.EtcdEndpoints)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		lease, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(spec.Prefix))
+		if err != nil {
+			_ = cli.Close()
+			return nil, nil, nil, err
+		}
+		res, closeRes, err := pgconformance.OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
+		if err != nil {
+			_ = cli.Close()
+			return nil, nil, nil, err
+		}
+		return lease, res, func() { _ = closeRes(); _ = cli.Close() }, nil
+	})
 }
