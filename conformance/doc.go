@@ -16,6 +16,12 @@
 // against designs that look plausible and fail, and pass only when the
 // failure really happens on the backend.
 //
+// Case X1 checks the input rule of every entry point instead: bad input is
+// rejected with an error that names the field and wraps the sentinel, and
+// changes nothing. Its rows are exported (BadInputCalls), so a backend's
+// own tests can run them with checks only the backend can make, such as
+// every table unchanged or a server nobody listens on.
+//
 // Report runs the same cases outside "go test" and writes the article's
 // line format, ending in "SUMMARY passed=N failed=M".
 //

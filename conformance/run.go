@@ -32,6 +32,7 @@ var cases = []testCase{
 	{"F7", "F7_fence_granularity", "fence granularity: a stale holder writes a part the new holder never touched", caseF7},
 	{"F8", "F8_server_crash", "server crash: immediate stop without checkpoint, recovery; tokens and floor survive", caseF8},
 	{"F9", "F9_unfenceable_side_effects", "side effects that cannot be fenced: deduplication keeps the first, not the newest", caseF9},
+	{"X1", "X1_bad_input", "bad input: every entry point names the bad field, wraps the sentinel and changes nothing", caseX1},
 }
 
 // caseTimeout bounds one case; it grows with the backend's minimum TTL.

@@ -3,6 +3,8 @@ package conformance_test
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
 // The suite must be able to fail: these tests run it against broken
@@ -114,13 +117,13 @@ func TestReportFormat(t *testing.T) {
 	if sum.Failed != 0 {
 		t.Fatalf("failed=%d:\n%s", sum.Failed, out)
 	}
-	for _, id := range []string{"F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9"} {
+	for _, id := range []string{"F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "X1"} {
 		if !regexp.MustCompile(`(?m)^CASE ` + id + ` :: \S`).MatchString(out) {
 			t.Errorf("no CASE %s header:\n%s", id, out)
 		}
 	}
 	// Every line is a header, a check, a note, a skip, a section or the summary.
-	line := regexp.MustCompile(`^(CASE F\d :: .+|  (ok  |FAIL|note|skip) .+|  -- .+|SUMMARY passed=\d+ failed=\d+)$`)
+	line := regexp.MustCompile(`^(CASE [FX]\d :: .+|  (ok  |FAIL|note|skip) .+|  -- .+|SUMMARY passed=\d+ failed=\d+)$`)
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	for _, l := range lines {
 		if !line.MatchString(l) {
@@ -165,5 +168,198 @@ func TestF6RunsTheAtomicAnalogueWithoutACommitGap(t *testing.T) {
 	}
 	if sum.Failed != 0 || sum.Passed < 5 {
 		t.Errorf("passed=%d failed=%d:\n%s", sum.Passed, sum.Failed, out)
+	}
+}
+
+// Backends that break the input rule, for X1.
+
+// plainWriteErrors validates writes but refuses bad ones with a plain
+// error: no sentinel, no field name.
+type plainWriteErrors struct{ *memfence.Resource }
+
+func (r plainWriteErrors) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if leasecore.CheckWrite(ctx, w) != nil {
+		return leasecore.Result{}, errors.New("write refused")
+	}
+	return r.Resource.Write(ctx, w)
+}
+
+// writeFirst stores first and validates afterwards: the right error, too
+// late. It trims the names, ignores the context, and writes what it got.
+type writeFirst struct{ *memfence.Resource }
+
+func (r writeFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	invalid := leasecore.CheckWrite(ctx, w)
+	clean := w
+	clean.Scope, clean.Part, clean.Writer = strings.TrimSpace(w.Scope), strings.TrimSpace(w.Part), strings.TrimSpace(w.Writer)
+	res, err := r.Resource.Write(context.WithoutCancel(ctx), clean)
+	if invalid != nil {
+		return leasecore.Result{}, invalid
+	}
+	return res, err
+}
+
+// renewFirst renews first and validates afterwards, in the same way.
+type renewFirst struct{ *memfence.Leases }
+
+func (l renewFirst) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
+	clean := g
+	clean.Name, clean.Holder = strings.TrimSpace(g.Name), strings.TrimSpace(g.Holder)
+	renewed, err := l.Leases.Renew(context.WithoutCancel(ctx), clean)
+	if invalid := leasecore.CheckGrant(ctx, "renew", g, memfence.MinTTL); invalid != nil {
+		return leasecore.Grant{}, invalid
+	}
+	return renewed, err
+}
+
+// brokenInput is the in-memory harness with a broken resource or lease.
+type brokenInput struct {
+	*memHarness
+	res   func(*memfence.Resource) conformance.Resource
+	lease func(*memfence.Leases) leasecore.Lease
+}
+
+func (h brokenInput) OpenResource(ctx context.Context) (conformance.Resource, error) {
+	if h.res == nil {
+		return h.memHarness.OpenResource(ctx)
+	}
+	return h.res(h.memHarness.res), nil
+}
+
+func (h brokenInput) OpenLease(ctx context.Context) (leasecore.Lease, error) {
+	if h.lease == nil {
+		return h.memHarness.OpenLease(ctx)
+	}
+	return h.lease(h.memHarness.leases), nil
+}
+
+// writeRows is the number of X1's rows for Write.
+func writeRows() int {
+	n := 0
+	for _, b := range conformance.BadInputCalls(conformance.BadInput{Resource: memfence.NewResource(),
+		Write: leasecore.Write{Scope: "s", Part: "p", Content: "c", Writer: "w", Token: 1}}) {
+		if b.Group == "write" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestX1FailsBrokenInputHandling(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		h          func(*memHarness) brokenInput
+		failed     int
+		want, lack []string
+	}{
+		{
+			name: "plain errors", failed: writeRows(),
+			h: func(m *memHarness) brokenInput {
+				return brokenInput{memHarness: m, res: func(r *memfence.Resource) conformance.Resource { return plainWriteErrors{r} }}
+			},
+			want: []string{
+				`  FAIL [input] write scope empty (expected=ErrInvalidArgument naming "scope"; state unchanged, actual=got an error wrapping no sentinel: "write refused", want an error wrapping ErrInvalidArgument)`,
+				`  FAIL [input] write content NUL (expected=ErrInvalidArgument naming "content"`,
+				`  FAIL [input] write cancelled context (expected=context.Canceled naming "context canceled"; state unchanged, actual=got an error wrapping no sentinel: "write refused", want an error wrapping context.Canceled)`,
+				"  ok   [input] Acquire rejects ",
+				"  ok   [input] WriteBatch rejects ",
+			},
+			lack: []string{"[input] Write rejects"},
+		},
+		{
+			name: "write first", failed: 7, // scope, part, writer with a leading or trailing space; the cancelled context
+			h: func(m *memHarness) brokenInput {
+				return brokenInput{memHarness: m, res: func(r *memfence.Resource) conformance.Resource { return writeFirst{r} }}
+			},
+			want: []string{
+				`  FAIL [input] write scope leading space (expected=ErrInvalidArgument naming "scope"; state unchanged, actual=the error was right; state changed: part x1-report/x1-summary: "rows=1" by "x1-host" token=1 at `,
+				` -> "rows=2" by "x1-host" token=1 at `,
+				`; write log 1 -> 2 entries, last "x1-report"/"x1-summary" by "x1-host" token=1 accepted=true floor=1)`,
+				`  FAIL [input] write part leading space (expected=ErrInvalidArgument naming "part"; state unchanged, actual=the error was right; state changed: `,
+				`  FAIL [input] write writer trailing space (`,
+				`  FAIL [input] write cancelled context (expected=context.Canceled naming "context canceled"; state unchanged, actual=the error was right; state changed: `,
+			},
+			lack: []string{"[input] Write rejects", "FAIL [input] write scope empty"},
+		},
+		{
+			name: "renew first", failed: 5, // name, holder with a leading or trailing space; the cancelled context
+			h: func(m *memHarness) brokenInput {
+				return brokenInput{memHarness: m, lease: func(l *memfence.Leases) leasecore.Lease { return renewFirst{l} }}
+			},
+			want: []string{
+				`  FAIL [input] renew holder leading space (expected=ErrInvalidArgument naming "holder"; state unchanged, actual=the error was right; state changed: lease x1-job: remaining time grew from `,
+				`  FAIL [input] renew cancelled context (`,
+			},
+			lack: []string{"[input] Renew rejects", "FAIL [input] release"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sum, out := report(t, func(ctx context.Context) (conformance.Harness, error) {
+				h, _ := newMemHarness(ctx)
+				return tc.h(h.(*memHarness)), nil
+			}, "X1")
+			for _, want := range tc.want {
+				if !strings.Contains(out, want) {
+					t.Errorf("output lacks %q:\n%s", want, out)
+				}
+			}
+			for _, lack := range tc.lack {
+				if strings.Contains(out, lack) {
+					t.Errorf("output has %q:\n%s", lack, out)
+				}
+			}
+			if sum.Failed != tc.failed {
+				t.Errorf("Summary.Failed = %d, want %d (one FAIL per broken row):\n%s", sum.Failed, tc.failed, out)
+			}
+		})
+	}
+}
+
+// TestBadInputCalls: the exported rows have distinct names and all pass
+// against memfence directly, and BadCall.Run says what is wrong.
+func TestBadInputCalls(t *testing.T) {
+	ctx := context.Background()
+	leases := memfence.NewLeases(nil)
+	g, err := leases.Acquire(ctx, "job", "host", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := conformance.BadInputCalls(conformance.BadInput{Lease: leases, Grant: g, Free: "job-2",
+		Resource: memfence.NewResource(), Write: leasecore.Write{Scope: "report", Part: "sum", Content: "c", Writer: "host", Token: 1},
+		MinTTL: memfence.MinTTL})
+	seen := map[string]bool{}
+	groups := map[string]bool{}
+	for _, c := range calls {
+		if seen[c.Name] {
+			t.Errorf("two rows named %q", c.Name)
+		}
+		seen[c.Name], groups[c.Group] = true, true
+		if err := c.Run(ctx); err != nil {
+			t.Errorf("%s: %v", c.Name, err)
+		}
+	}
+	if len(groups) != 8 {
+		t.Errorf("groups %v, want acquire, renew, release, renew all, inspect, write, write batch, read", groups)
+	}
+
+	inv := leasecore.ErrInvalidArgument
+	for _, tc := range []struct {
+		mention, reason string
+		err             error
+		want            string
+	}{
+		{"name", "", nil, "no error: the call succeeded"},
+		{"name", "", errors.New("bad name"), `got an error wrapping no sentinel: "bad name", want an error wrapping ErrInvalidArgument`},
+		{"name", "", fmt.Errorf("acquire: %w", inv), `which does not name "name"`},
+		{"name", "", &leasecore.ArgError{Op: "acquire", Field: "holder", Reason: "clashes with the name"},
+			`a *leasecore.ArgError for field "holder", want field "name"`},
+		{"ttl", "minimum", &leasecore.ArgError{Op: "acquire", Field: "ttl", Reason: "must be positive"}, `which does not say "minimum"`},
+		{"ttl", "positive", &leasecore.ArgError{Op: "acquire", Field: "ttl", Reason: "must be positive"}, ""},
+	} {
+		err := conformance.BadCall{Want: inv, Mention: tc.mention, Reason: tc.reason,
+			Call: func(context.Context) error { return tc.err }}.Run(ctx)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("Run with %v (mention %q, reason %q): got %v, want %q", tc.err, tc.mention, tc.reason, err, tc.want)
+		}
 	}
 }
