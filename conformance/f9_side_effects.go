@@ -41,7 +41,7 @@ func caseF9(ctx context.Context, c *C, h Harness) {
 		pub, err := controls.IdempotentPublisher(ctx)
 		c.Must(err, "open the idempotent publisher")
 
-		bFirst, aSecond, kept, ok := run(c, pub, orders[0])
+		bFirst, aSecond, kept, _ := run(c, pub, orders[0])
 		c.Equal("F9", "order B->A: A's duplicate publication is dropped by the business key",
 			"B accepted=true, A accepted=false, kept report(B)",
 			fmt.Sprintf("B accepted=%t, A accepted=%t, kept %s", bFirst.Accepted, aSecond.Accepted, kept.Content))

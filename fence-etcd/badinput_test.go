@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdcontrol"
 	"github.com/leasefence/leasefence/leasecore"
@@ -221,7 +222,7 @@ func TestBadInput(t *testing.T) {
 	}
 	waitGone(t, f, expired.Name)
 	for _, nr := range s.resources {
-		write(t, nr.r, "daily-report", "summary", "by "+nr.name, "holder-a", 1)
+		backendtest.Write(t, nr.r, "daily-report", "summary", "by "+nr.name, "holder-a", 1)
 	}
 	before := f.snapshot(t)
 	for _, kind := range []string{"/lease/", "/floor/", "/part/", "/attempt/", "/parttoken/", "/published/"} {
@@ -322,17 +323,17 @@ func TestNamesAreData(t *testing.T) {
 			t.Fatalf("release %q: %v", v, err)
 		}
 		for _, nr := range s.resources {
-			res := write(t, nr.r, v, v, v, v, leasecore.Token(i+1))
+			res := backendtest.Write(t, nr.r, v, v, v, v, leasecore.Token(i+1))
 			if !res.Accepted {
 				t.Fatalf("%s: write %q: %+v", nr.name, v, res)
 			}
-			wantPart(t, nr.r, v, v, v, v, leasecore.Token(i+1))
+			backendtest.WantPart(t, nr.r, v, v, v, v, leasecore.Token(i+1))
 			as, err := nr.r.Attempts(ctx, v)
 			if err != nil || len(as) == 0 || as[len(as)-1].Writer != v || as[len(as)-1].Part != v {
 				t.Fatalf("%s: attempts of %q: %+v, %v", nr.name, v, as, err)
 			}
 		}
-		wantFloor(t, s.resources[0].r, v, leasecore.Token(i+1))
+		backendtest.WantFloor(t, s.resources[0].r, v, leasecore.Token(i+1))
 	}
 	// One floor, part, parttoken and publication per name, and one attempt
 	// per write: no two names shared a key.

@@ -12,6 +12,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -39,26 +40,26 @@ func TestWriteBatch(t *testing.T) {
 	f := newFixture(t)
 	const scope = "daily-report"
 
-	wantResult(t, "first batch, new scope", writeBatch(t, f.res, scope, "holder-b", 5, "summary", "detail"), true, 5)
-	wantPart(t, f.res, scope, "summary", "summary by holder-b", "holder-b", 5)
-	wantPart(t, f.res, scope, "detail", "detail by holder-b", "holder-b", 5)
-	wantFloor(t, f.res, scope, 5)
+	backendtest.WantResult(t, "first batch, new scope", writeBatch(t, f.res, scope, "holder-b", 5, "summary", "detail"), true, 5)
+	backendtest.WantPart(t, f.res, scope, "summary", "summary by holder-b", "holder-b", 5)
+	backendtest.WantPart(t, f.res, scope, "detail", "detail by holder-b", "holder-b", 5)
+	backendtest.WantFloor(t, f.res, scope, 5)
 
 	// All or none: a stale batch stores no part, not even a new one.
 	snap := f.snapshot(t)
-	wantResult(t, "stale batch", writeBatch(t, f.res, scope, "holder-a", 3, "summary", "extra"), false, 5)
-	wantPart(t, f.res, scope, "summary", "summary by holder-b", "holder-b", 5)
-	wantPart(t, f.res, scope, "extra", "", "", 0)
+	backendtest.WantResult(t, "stale batch", writeBatch(t, f.res, scope, "holder-a", 3, "summary", "extra"), false, 5)
+	backendtest.WantPart(t, f.res, scope, "summary", "summary by holder-b", "holder-b", 5)
+	backendtest.WantPart(t, f.res, scope, "extra", "", "", 0)
 	if got := f.snapshot(t); strings.Count(got, "/attempt/") != strings.Count(snap, "/attempt/")+1 ||
 		stripAttempts(got) != stripAttempts(snap) {
 		t.Fatalf("a rejected batch changed more than one attempt key:\n%s\n->\n%s", snap, got)
 	}
 
-	wantResult(t, "equal token again", writeBatch(t, f.res, scope, "holder-b", 5, "detail"), true, 5)
-	wantResult(t, "single write below the batch's token", write(t, f.res, scope, "summary", "late", "holder-a", 4), false, 5)
-	wantResult(t, "larger token", writeBatch(t, f.res, scope, "holder-c", 9, "summary", "detail", "extra"), true, 9)
+	backendtest.WantResult(t, "equal token again", writeBatch(t, f.res, scope, "holder-b", 5, "detail"), true, 5)
+	backendtest.WantResult(t, "single write below the batch's token", backendtest.Write(t, f.res, scope, "summary", "late", "holder-a", 4), false, 5)
+	backendtest.WantResult(t, "larger token", writeBatch(t, f.res, scope, "holder-c", 9, "summary", "detail", "extra"), true, 9)
 	for _, p := range []string{"summary", "detail", "extra"} {
-		wantPart(t, f.res, scope, p, p+" by holder-c", "holder-c", 9)
+		backendtest.WantPart(t, f.res, scope, p, p+" by holder-c", "holder-c", 9)
 	}
 	want := "summary/holder-b/5/true/5 detail/holder-b/5/true/5 " +
 		"summary/holder-a/3/false/5 extra/holder-a/3/false/5 " +
@@ -126,9 +127,9 @@ func TestWriteBatchLimits(t *testing.T) {
 	if err != nil {
 		t.Fatalf("64 parts of 16 KiB: %v", err)
 	}
-	wantResult(t, "64 parts of 16 KiB", res, true, 7)
+	backendtest.WantResult(t, "64 parts of 16 KiB", res, true, 7)
 	for _, i := range []int{0, 31, 63} {
-		wantPart(t, f.res, "big", fmt.Sprintf("part-%02d", i), content, "holder-a", 7)
+		backendtest.WantPart(t, f.res, "big", fmt.Sprintf("part-%02d", i), content, "holder-a", 7)
 	}
 	if as, err := f.res.Attempts(ctx, "big"); err != nil || len(as) != leasecore.MaxBatchParts {
 		t.Fatalf("attempts of the 64-part batch: %d, %v", len(as), err)
@@ -204,9 +205,9 @@ func TestConcurrentBatches(t *testing.T) {
 			t.Fatalf("round %d: the larger token's batch was rejected: %+v", round, results)
 		}
 		w := fmt.Sprintf("w%d", hi)
-		wantPart(t, f.res, scope, "summary", "s by "+w, w, tokens[hi])
-		wantPart(t, f.res, scope, "detail", "d by "+w, w, tokens[hi])
-		wantFloor(t, f.res, scope, tokens[hi])
+		backendtest.WantPart(t, f.res, scope, "summary", "s by "+w, w, tokens[hi])
+		backendtest.WantPart(t, f.res, scope, "detail", "d by "+w, w, tokens[hi])
+		backendtest.WantFloor(t, f.res, scope, tokens[hi])
 		if as, err := f.res.Attempts(context.Background(), scope); err != nil || len(as) != 4 ||
 			as[0].Accepted != as[1].Accepted || as[2].Accepted != as[3].Accepted {
 			t.Fatalf("round %d: attempts %+v, %v", round, as, err)

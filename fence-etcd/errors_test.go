@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
@@ -75,6 +76,6 @@ func TestErrorsFromServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err = f.leases.Renew(ctx, g)
-		wantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
 	})
 }

@@ -10,24 +10,12 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
-
-// wantHold checks that err is a *leasecore.HoldError wrapping sentinel with
-// the given reason.
-func wantHold(t *testing.T, err error, sentinel error, op, reason string) {
-	t.Helper()
-	var he *leasecore.HoldError
-	if !errors.As(err, &he) || !errors.Is(err, sentinel) {
-		t.Fatalf("%s: got error %v, want a *leasecore.HoldError wrapping %v", op, err, sentinel)
-	}
-	if he.Op != op || he.Reason != reason {
-		t.Fatalf("%s: got Op %q Reason %q, want Op %q Reason %q (error: %v)", op, he.Op, he.Reason, op, reason, err)
-	}
-}
 
 // layout returns the key layout of f's prefix.
 func (f *fixture) layout(t *testing.T) etcdkv.Layout {
@@ -66,7 +54,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	snap := f.snapshot(t)
 	for _, h := range []string{"holder-b", "holder-a"} {
 		_, err := f.leases.Acquire(ctx, name, h, ttl)
-		wantHold(t, err, leasecore.ErrHeld, "acquire", fmt.Sprintf(`held by "holder-a" with token %d`, ga.Token))
+		backendtest.WantHold(t, err, leasecore.ErrHeld, "acquire", fmt.Sprintf(`held by "holder-a" with token %d`, ga.Token))
 	}
 	if got := f.snapshot(t); got != snap {
 		t.Fatalf("refused acquires changed the keys:\n%s\n->\n%s", snap, got)
@@ -104,9 +92,9 @@ func TestLeaseLifecycle(t *testing.T) {
 	// Released: release twice and renew after release fail and change nothing.
 	snap = f.snapshot(t)
 	const gone = "no such lease (expired or released)"
-	wantHold(t, f.leases.Release(ctx, renewed), leasecore.ErrLost, "release", gone)
+	backendtest.WantHold(t, f.leases.Release(ctx, renewed), leasecore.ErrLost, "release", gone)
 	_, err = f.leases.Renew(ctx, renewed)
-	wantHold(t, err, leasecore.ErrLost, "renew", gone)
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", gone)
 	if got := f.snapshot(t); got != snap {
 		t.Fatalf("failed renew/release changed the keys:\n%s\n->\n%s", snap, got)
 	}
@@ -123,18 +111,18 @@ func TestLeaseLifecycle(t *testing.T) {
 	snap = f.snapshot(t)
 	superseded := fmt.Sprintf(`token %d was superseded by token %d (holder "holder-b")`, ga.Token, gb.Token)
 	_, err = f.leases.Renew(ctx, ga)
-	wantHold(t, err, leasecore.ErrLost, "renew", superseded)
-	wantHold(t, f.leases.Release(ctx, ga), leasecore.ErrLost, "release", superseded)
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", superseded)
+	backendtest.WantHold(t, f.leases.Release(ctx, ga), leasecore.ErrLost, "release", superseded)
 	impostor := gb
 	impostor.Holder = "x"
 	notHeld := fmt.Sprintf(`holder "x" does not hold it (held by "holder-b" with token %d)`, gb.Token)
 	_, err = f.leases.Renew(ctx, impostor)
-	wantHold(t, err, leasecore.ErrLost, "renew", notHeld)
-	wantHold(t, f.leases.Release(ctx, impostor), leasecore.ErrLost, "release", notHeld)
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", notHeld)
+	backendtest.WantHold(t, f.leases.Release(ctx, impostor), leasecore.ErrLost, "release", notHeld)
 	future := gb
 	future.Token = gb.Token + 100
 	_, err = f.leases.Renew(ctx, future)
-	wantHold(t, err, leasecore.ErrLost, "renew",
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew",
 		fmt.Sprintf("token %d was never issued (the current is token %d)", future.Token, gb.Token))
 	if got := f.snapshot(t); got != snap {
 		t.Fatalf("failed renews and releases changed the keys:\n%s\n->\n%s", snap, got)
@@ -143,8 +131,8 @@ func TestLeaseLifecycle(t *testing.T) {
 	missing := gb
 	missing.Name = "no-such-lease"
 	_, err = f.leases.Renew(ctx, missing)
-	wantHold(t, err, leasecore.ErrLost, "renew", gone)
-	wantHold(t, f.leases.Release(ctx, missing), leasecore.ErrLost, "release", gone)
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", gone)
+	backendtest.WantHold(t, f.leases.Release(ctx, missing), leasecore.ErrLost, "release", gone)
 	st, err = f.leases.Inspect(ctx, missing.Name)
 	if err != nil || st.Exists || st.Held || st.Token != 0 {
 		t.Fatalf("inspect missing lease: got %+v, %v", st, err)
@@ -197,8 +185,8 @@ func TestRenewAfterExpiry(t *testing.T) {
 	snap := f.snapshot(t)
 	const gone = "no such lease (expired or released)"
 	_, err = f.leases.Renew(ctx, g)
-	wantHold(t, err, leasecore.ErrLost, "renew", gone)
-	wantHold(t, f.leases.Release(ctx, g), leasecore.ErrLost, "release", gone)
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", gone)
+	backendtest.WantHold(t, f.leases.Release(ctx, g), leasecore.ErrLost, "release", gone)
 	if got := f.snapshot(t); got != snap {
 		t.Fatalf("renew/release after expiry changed the keys:\n%s\n->\n%s", snap, got)
 	}
@@ -237,7 +225,7 @@ func TestRenewKeepsLeaseAlive(t *testing.T) {
 	}
 	waitGone(t, f, name)
 	_, err = f.leases.Renew(ctx, g)
-	wantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
 }
 
 // TestTokensAreCreateRevisions: every acquire — of a free, released or

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -87,7 +88,7 @@ func TestRenewAll(t *testing.T) {
 				if renewed[i] != (leasecore.Grant{}) {
 					t.Errorf("grant %d: renewed %+v, want nothing", i, renewed[i])
 				}
-				wantHold(t, lost[i], leasecore.ErrLost, "renew", reason)
+				backendtest.WantHold(t, lost[i], leasecore.ErrLost, "renew", reason)
 				if he := holdErr(lost[i]); he.Name != gs[i].Name || he.Token != gs[i].Token || he.Holder != "holder-a" {
 					t.Errorf("grant %d: %+v", i, he)
 				}
@@ -140,7 +141,7 @@ func TestRenewAllMany(t *testing.T) {
 			t.Fatalf("grant %d: renewed %+v, lost %v", i, renewed[i], lost[i])
 		}
 	}
-	wantHold(t, lost[n-1], leasecore.ErrLost, "renew", "no such lease (expired or released)")
+	backendtest.WantHold(t, lost[n-1], leasecore.ErrLost, "renew", "no such lease (expired or released)")
 
 	// Without shared leases: the same reads, a keep-alive per name.
 	var pg []leasecore.Grant
@@ -187,7 +188,7 @@ func TestRenewAllAfterExpiry(t *testing.T) {
 		if renewed[i] != (leasecore.Grant{}) {
 			t.Errorf("grant %d renewed after expiry: %+v", i, renewed[i])
 		}
-		wantHold(t, lost[i], leasecore.ErrLost, "renew", "no such lease (expired or released)")
+		backendtest.WantHold(t, lost[i], leasecore.ErrLost, "renew", "no such lease (expired or released)")
 	}
 	if got := f.snapshot(t); got != snap {
 		t.Fatalf("a failed RenewAll changed the keys:\n%s\n->\n%s", snap, got)

@@ -11,58 +11,11 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
-
-// write writes and fails the test on error.
-func write(t *testing.T, r leasecore.FencedResource, scope, part, content, writer string, token leasecore.Token) leasecore.Result {
-	t.Helper()
-	res, err := r.Write(context.Background(), leasecore.Write{
-		Scope: scope, Part: part, Content: content, Writer: writer, Token: token})
-	if err != nil {
-		t.Fatalf("write %s/%s token %d: %v", scope, part, token, err)
-	}
-	return res
-}
-
-func wantResult(t *testing.T, what string, got leasecore.Result, accepted bool, floor leasecore.Token) {
-	t.Helper()
-	if got.Accepted != accepted || got.Floor != floor {
-		t.Fatalf("%s: got %+v, want accepted=%v floor=%d", what, got, accepted, floor)
-	}
-}
-
-// wantPart checks the stored part; content "" means absent.
-func wantPart(t *testing.T, r leasecore.ResourceReader, scope, part, content, writer string, token leasecore.Token) {
-	t.Helper()
-	p, ok, err := r.ReadPart(context.Background(), scope, part)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if content == "" {
-		if ok {
-			t.Fatalf("part %s/%s: got %+v, want absent", scope, part, p)
-		}
-		return
-	}
-	if !ok || p.Scope != scope || p.Part != part || p.Content != content || p.Writer != writer || p.Token != token ||
-		p.WrittenAt.IsZero() {
-		t.Fatalf("part %s/%s: got %+v (ok=%v), want %.40q by %s token %d", scope, part, p, ok, content, writer, token)
-	}
-}
-
-func wantFloor(t *testing.T, r leasecore.ResourceReader, scope string, want leasecore.Token) {
-	t.Helper()
-	got, err := r.Floor(context.Background(), scope)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != want {
-		t.Fatalf("floor of %s: got %d, want %d", scope, got, want)
-	}
-}
 
 // attemptsString renders a scope's write log compactly:
 // "part/writer/token/accepted/floor" per attempt.
@@ -90,27 +43,27 @@ func TestWriteFence(t *testing.T) {
 	f := newFixture(t)
 	const scope = "daily-report"
 
-	wantFloor(t, f.res, scope, 0)
-	wantPart(t, f.res, scope, "summary", "", "", 0)
-	wantResult(t, "first write of a new scope", write(t, f.res, scope, "summary", "rows=1(A)", "holder-a", 5), true, 5)
-	wantResult(t, "equal token again", write(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5), true, 5)
-	wantPart(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5)
-	wantResult(t, "larger token, other part", write(t, f.res, scope, "detail", "d(B)", "holder-b", 9), true, 9)
-	wantFloor(t, f.res, scope, 9)
+	backendtest.WantFloor(t, f.res, scope, 0)
+	backendtest.WantPart(t, f.res, scope, "summary", "", "", 0)
+	backendtest.WantResult(t, "first write of a new scope", backendtest.Write(t, f.res, scope, "summary", "rows=1(A)", "holder-a", 5), true, 5)
+	backendtest.WantResult(t, "equal token again", backendtest.Write(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5), true, 5)
+	backendtest.WantPart(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5)
+	backendtest.WantResult(t, "larger token, other part", backendtest.Write(t, f.res, scope, "detail", "d(B)", "holder-b", 9), true, 9)
+	backendtest.WantFloor(t, f.res, scope, 9)
 
 	snap := f.snapshot(t)
-	wantResult(t, "lower token, the part it wrote", write(t, f.res, scope, "summary", "rows=3(A)", "holder-a", 5), false, 9)
-	wantResult(t, "lower token, a part nobody wrote", write(t, f.res, scope, "extra", "x(A)", "holder-a", 8), false, 9)
-	wantPart(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5)
-	wantPart(t, f.res, scope, "extra", "", "", 0)
-	wantFloor(t, f.res, scope, 9)
+	backendtest.WantResult(t, "lower token, the part it wrote", backendtest.Write(t, f.res, scope, "summary", "rows=3(A)", "holder-a", 5), false, 9)
+	backendtest.WantResult(t, "lower token, a part nobody wrote", backendtest.Write(t, f.res, scope, "extra", "x(A)", "holder-a", 8), false, 9)
+	backendtest.WantPart(t, f.res, scope, "summary", "rows=2(A)", "holder-a", 5)
+	backendtest.WantPart(t, f.res, scope, "extra", "", "", 0)
+	backendtest.WantFloor(t, f.res, scope, 9)
 	// A rejection changes nothing but the log.
 	if got := f.snapshot(t); strings.Count(got, "/attempt/") != strings.Count(snap, "/attempt/")+2 ||
 		stripAttempts(got) != stripAttempts(snap) {
 		t.Fatalf("rejections changed more than the log:\n%s\n->\n%s", snap, got)
 	}
 
-	wantResult(t, "larger token again", write(t, f.res, scope, "summary", "rows=4(C)", "holder-c", 12), true, 12)
+	backendtest.WantResult(t, "larger token again", backendtest.Write(t, f.res, scope, "summary", "rows=4(C)", "holder-c", 12), true, 12)
 	want := "summary/holder-a/5/true/5 summary/holder-a/5/true/5 detail/holder-b/9/true/9 " +
 		"summary/holder-a/5/false/9 extra/holder-a/8/false/9 summary/holder-c/12/true/12"
 	if got := attemptsString(t, f.res, scope); got != want {
@@ -119,8 +72,8 @@ func TestWriteFence(t *testing.T) {
 
 	// Scopes are independent, also when one's name is a prefix of the
 	// other's.
-	wantResult(t, "another scope", write(t, f.res, scope+"/2", "summary", "s2", "holder-a", 1), true, 1)
-	wantFloor(t, f.res, scope, 12)
+	backendtest.WantResult(t, "another scope", backendtest.Write(t, f.res, scope+"/2", "summary", "s2", "holder-a", 1), true, 1)
+	backendtest.WantFloor(t, f.res, scope, 12)
 	if got := attemptsString(t, f.res, scope+"/2"); got != "summary/holder-a/1/true/1" {
 		t.Fatalf("attempts of the other scope: %s", got)
 	}
@@ -137,7 +90,7 @@ func stripAttempts(snap string) string {
 // TestKeyLayout: the keys and values a write leaves, as documented.
 func TestKeyLayout(t *testing.T) {
 	f := newFixture(t)
-	write(t, f.res, "daily/report", "sum mary", "c", "holder-a", 42)
+	backendtest.Write(t, f.res, "daily/report", "sum mary", "c", "holder-a", 42)
 	resp, err := f.cli.Get(context.Background(), f.prefix+"/", clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
@@ -218,7 +171,7 @@ func TestConcurrentFirstWrites(t *testing.T) {
 		if !results[hi].Accepted || results[hi].Floor != tokens[hi] {
 			t.Fatalf("round %d: the larger token %d got %+v", round, tokens[hi], results[hi])
 		}
-		wantFloor(t, f.res, scope, tokens[hi])
+		backendtest.WantFloor(t, f.res, scope, tokens[hi])
 		as, err := f.res.Attempts(context.Background(), scope)
 		if err != nil || len(as) != 2 {
 			t.Fatalf("round %d: attempts %+v, %v", round, as, err)
@@ -238,7 +191,7 @@ func TestConcurrentFirstWrites(t *testing.T) {
 		} else if results[lo].Accepted || as[1].Accepted || results[lo].Floor != tokens[hi] || as[1].Floor != tokens[hi] {
 			t.Fatalf("round %d: the smaller token came second and was accepted: %+v %+v", round, results, as)
 		}
-		wantPart(t, f.res, scope, "summary", fmt.Sprintf("by %d", hi), fmt.Sprintf("w%d", hi), tokens[hi])
+		backendtest.WantPart(t, f.res, scope, "summary", fmt.Sprintf("by %d", hi), fmt.Sprintf("w%d", hi), tokens[hi])
 	}
 	t.Logf("the smaller token was applied first in %d of 30 rounds with different tokens", lowFirst)
 }
@@ -251,7 +204,7 @@ func TestMaxContent(t *testing.T) {
 	for i, c := range []string{"\x01", `"`, "\u2028"} {
 		content := strings.Repeat(c, leasecore.MaxContentLen/len(c))
 		scope := fmt.Sprintf("big-%d", i)
-		wantResult(t, fmt.Sprintf("%q x %d", c, len(content)/len(c)), write(t, f.res, scope, "summary", content, "holder-a", 1), true, 1)
-		wantPart(t, f.res, scope, "summary", content, "holder-a", 1)
+		backendtest.WantResult(t, fmt.Sprintf("%q x %d", c, len(content)/len(c)), backendtest.Write(t, f.res, scope, "summary", content, "holder-a", 1), true, 1)
+		backendtest.WantPart(t, f.res, scope, "summary", content, "holder-a", 1)
 	}
 }

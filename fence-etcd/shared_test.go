@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -137,8 +138,8 @@ func TestSharedLeasesOneEtcdLease(t *testing.T) {
 		}
 	}
 	_, err := s.Renew(ctx, gs[0])
-	wantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
-	wantHold(t, s.Release(ctx, gs[0]), leasecore.ErrLost, "release", "no such lease (expired or released)")
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
+	backendtest.WantHold(t, s.Release(ctx, gs[0]), leasecore.ErrLost, "release", "no such lease (expired or released)")
 
 	// A released name is acquired again on the same lease, with a larger
 	// token.
@@ -305,7 +306,7 @@ func TestSharedLeaseExpired(t *testing.T) {
 		t.Fatalf("n4 on etcd lease %x (revoked: %x), token %d", l, revoked, g4.Token)
 	}
 	_, err = s.Renew(ctx, g3)
-	wantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +377,7 @@ func TestSharedClose(t *testing.T) {
 		t.Fatalf("acquire after Close changed the keys:\n%s\n->\n%s", snap, got)
 	}
 	_, err = s.Renew(ctx, gs[0])
-	wantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
+	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
 	if err := s.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
@@ -144,7 +145,7 @@ func TestBadInput(t *testing.T) {
 		}
 		waitExpired(t, f, expired.Name)
 		for _, nr := range s.resources {
-			write(t, nr.r, "daily-report", "summary", "by "+nr.name, "holder-a", 1)
+			backendtest.Write(t, nr.r, "daily-report", "summary", "by "+nr.name, "holder-a", 1)
 		}
 		before := f.snapshot(t)
 
@@ -252,11 +253,11 @@ func TestSQLLookingInputIsData(t *testing.T) {
 				t.Fatalf("release %q: %v", v, err)
 			}
 			for _, nr := range s.resources {
-				res := write(t, nr.r, v, v, v, v, leasecore.Token(i+1))
+				res := backendtest.Write(t, nr.r, v, v, v, v, leasecore.Token(i+1))
 				if !res.Accepted {
 					t.Fatalf("%s: write %q: %+v", nr.name, v, res)
 				}
-				wantPart(t, nr.r, v, v, v, v, leasecore.Token(i+1))
+				backendtest.WantPart(t, nr.r, v, v, v, v, leasecore.Token(i+1))
 				as, err := nr.r.Attempts(ctx, v)
 				if err != nil || len(as) == 0 || as[len(as)-1].Writer != v || as[len(as)-1].Part != v {
 					t.Fatalf("%s: attempts of %q: %+v, %v", nr.name, v, as, err)
@@ -264,7 +265,7 @@ func TestSQLLookingInputIsData(t *testing.T) {
 			}
 			// The fenced write set the floor; the controls left it alone
 			// (check-then-write set it to the same token).
-			wantFloor(t, s.res, v, leasecore.Token(i+1))
+			backendtest.WantFloor(t, s.res, v, leasecore.Token(i+1))
 		}
 		// Every table is still there and holds exactly what was written.
 		for _, c := range []struct {

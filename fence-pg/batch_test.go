@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -27,14 +28,14 @@ func TestWriteBatch(t *testing.T) {
 			}
 			return res
 		}
-		wantResult(t, "first batch (new scope)", batch("holder-b", 2, "summary", "detail"), true, 2)
-		wantPart(t, f.res, "daily-report", "summary", "summary by holder-b", "holder-b", 2)
-		wantPart(t, f.res, "daily-report", "detail", "detail by holder-b", "holder-b", 2)
+		backendtest.WantResult(t, "first batch (new scope)", batch("holder-b", 2, "summary", "detail"), true, 2)
+		backendtest.WantPart(t, f.res, "daily-report", "summary", "summary by holder-b", "holder-b", 2)
+		backendtest.WantPart(t, f.res, "daily-report", "detail", "detail by holder-b", "holder-b", 2)
 		// All or none: a stale batch stores no part, not even a new one.
-		wantResult(t, "stale batch", batch("holder-a", 1, "summary", "extra"), false, 2)
-		wantPart(t, f.res, "daily-report", "summary", "summary by holder-b", "holder-b", 2)
-		wantPart(t, f.res, "daily-report", "extra", "", "", 0)
-		wantResult(t, "equal token again", batch("holder-b", 2, "detail"), true, 2)
+		backendtest.WantResult(t, "stale batch", batch("holder-a", 1, "summary", "extra"), false, 2)
+		backendtest.WantPart(t, f.res, "daily-report", "summary", "summary by holder-b", "holder-b", 2)
+		backendtest.WantPart(t, f.res, "daily-report", "extra", "", "", 0)
+		backendtest.WantResult(t, "equal token again", batch("holder-b", 2, "detail"), true, 2)
 		log, err := f.res.Attempts(ctx, "daily-report")
 		if err != nil {
 			t.Fatal(err)

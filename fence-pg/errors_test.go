@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
@@ -96,7 +97,7 @@ func TestBlockedWriteErrors(t *testing.T) {
 					if err := <-done; err != nil {
 						t.Fatalf("lib/pq: the retried write failed: %v", err)
 					}
-					wantFloor(t, f.res, scope, 3)
+					backendtest.WantFloor(t, f.res, scope, 3)
 					return
 				}
 				select {

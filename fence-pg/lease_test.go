@@ -6,23 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
-
-// wantHold checks that err is a *leasecore.HoldError wrapping sentinel with
-// the given reason.
-func wantHold(t *testing.T, err error, sentinel error, op, reason string) {
-	t.Helper()
-	var he *leasecore.HoldError
-	if !errors.As(err, &he) || !errors.Is(err, sentinel) {
-		t.Fatalf("%s: got error %v, want a *leasecore.HoldError wrapping %v", op, err, sentinel)
-	}
-	if he.Op != op || he.Reason != reason {
-		t.Fatalf("%s: got Op %q Reason %q, want Op %q Reason %q (error: %v)", op, he.Op, he.Reason, op, reason, err)
-	}
-}
 
 func TestLeaseLifecycle(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -47,7 +35,7 @@ func TestLeaseLifecycle(t *testing.T) {
 		row := f.leaseRow(t, name)
 		for _, holder := range []string{"holder-b", "holder-a"} {
 			_, err := f.leases.Acquire(ctx, name, holder, ttl)
-			wantHold(t, err, leasecore.ErrHeld, "acquire", "")
+			backendtest.WantHold(t, err, leasecore.ErrHeld, "acquire", "")
 		}
 		if got := f.leaseRow(t, name); got != row {
 			t.Fatalf("refused acquires changed the row: %s -> %s", row, got)
@@ -83,9 +71,9 @@ func TestLeaseLifecycle(t *testing.T) {
 
 		// Released: release twice and renew after release fail and change nothing.
 		row = f.leaseRow(t, name)
-		wantHold(t, f.leases.Release(ctx, renewed), leasecore.ErrLost, "release", "released")
+		backendtest.WantHold(t, f.leases.Release(ctx, renewed), leasecore.ErrLost, "release", "released")
 		_, err = f.leases.Renew(ctx, renewed)
-		wantHold(t, err, leasecore.ErrLost, "renew", "released")
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "released")
 		if got := f.leaseRow(t, name); got != row {
 			t.Fatalf("failed renew/release changed the row: %s -> %s", row, got)
 		}
@@ -101,17 +89,17 @@ func TestLeaseLifecycle(t *testing.T) {
 
 		row = f.leaseRow(t, name)
 		_, err = f.leases.Renew(ctx, ga)
-		wantHold(t, err, leasecore.ErrLost, "renew", `token 1 was superseded by token 2 (holder "holder-b")`)
-		wantHold(t, f.leases.Release(ctx, ga), leasecore.ErrLost, "release",
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", `token 1 was superseded by token 2 (holder "holder-b")`)
+		backendtest.WantHold(t, f.leases.Release(ctx, ga), leasecore.ErrLost, "release",
 			`token 1 was superseded by token 2 (holder "holder-b")`)
 		impostor := gb
 		impostor.Holder = "x"
 		_, err = f.leases.Renew(ctx, impostor)
-		wantHold(t, err, leasecore.ErrLost, "renew", `holder "x" does not hold it (held by "holder-b" with token 2)`)
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", `holder "x" does not hold it (held by "holder-b" with token 2)`)
 		future := gb
 		future.Token = 7
 		_, err = f.leases.Renew(ctx, future)
-		wantHold(t, err, leasecore.ErrLost, "renew", "token 7 was never issued (the latest is token 2)")
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "token 7 was never issued (the latest is token 2)")
 		if got := f.leaseRow(t, name); got != row {
 			t.Fatalf("failed renews changed the row: %s -> %s", row, got)
 		}
@@ -119,8 +107,8 @@ func TestLeaseLifecycle(t *testing.T) {
 		missing := gb
 		missing.Name = "no-such-lease"
 		_, err = f.leases.Renew(ctx, missing)
-		wantHold(t, err, leasecore.ErrLost, "renew", "no such lease")
-		wantHold(t, f.leases.Release(ctx, missing), leasecore.ErrLost, "release", "no such lease")
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease")
+		backendtest.WantHold(t, f.leases.Release(ctx, missing), leasecore.ErrLost, "release", "no such lease")
 		st, err = f.leases.Inspect(ctx, missing.Name)
 		if err != nil || st.Exists || st.Held || st.Token != 0 {
 			t.Fatalf("inspect missing lease: got %+v, %v", st, err)
@@ -151,8 +139,8 @@ func TestRenewAfterExpiry(t *testing.T) {
 
 		row := f.leaseRow(t, name)
 		_, err = f.leases.Renew(ctx, g)
-		wantHold(t, err, leasecore.ErrLost, "renew", "expired")
-		wantHold(t, f.leases.Release(ctx, g), leasecore.ErrLost, "release", "expired")
+		backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "expired")
+		backendtest.WantHold(t, f.leases.Release(ctx, g), leasecore.ErrLost, "release", "expired")
 		if got := f.leaseRow(t, name); got != row {
 			t.Fatalf("renew/release after expiry changed the row: %s -> %s", row, got)
 		}

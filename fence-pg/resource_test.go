@@ -6,58 +6,11 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
-
-// write writes and fails the test on error.
-func write(t *testing.T, r leasecore.FencedResource, scope, part, content, writer string, token leasecore.Token) leasecore.Result {
-	t.Helper()
-	res, err := r.Write(context.Background(), leasecore.Write{
-		Scope: scope, Part: part, Content: content, Writer: writer, Token: token})
-	if err != nil {
-		t.Fatalf("write %s/%s token %d: %v", scope, part, token, err)
-	}
-	return res
-}
-
-func wantResult(t *testing.T, what string, got leasecore.Result, accepted bool, floor leasecore.Token) {
-	t.Helper()
-	if got.Accepted != accepted || got.Floor != floor {
-		t.Fatalf("%s: got %+v, want accepted=%v floor=%d", what, got, accepted, floor)
-	}
-}
-
-// wantPart checks the stored part; content "" means absent.
-func wantPart(t *testing.T, r leasecore.ResourceReader, scope, part, content, writer string, token leasecore.Token) {
-	t.Helper()
-	p, ok, err := r.ReadPart(context.Background(), scope, part)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if content == "" {
-		if ok {
-			t.Fatalf("part %s/%s: got %+v, want absent", scope, part, p)
-		}
-		return
-	}
-	if !ok || p.Scope != scope || p.Part != part || p.Content != content || p.Writer != writer || p.Token != token ||
-		p.WrittenAt.IsZero() {
-		t.Fatalf("part %s/%s: got %+v (ok=%v), want %q by %s token %d", scope, part, p, ok, content, writer, token)
-	}
-}
-
-func wantFloor(t *testing.T, r leasecore.ResourceReader, scope string, want leasecore.Token) {
-	t.Helper()
-	got, err := r.Floor(context.Background(), scope)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != want {
-		t.Fatalf("floor of %s: got %d, want %d", scope, got, want)
-	}
-}
 
 // attemptsString renders a scope's write log compactly:
 // "part/writer/token/accepted/floor" per attempt.
@@ -91,27 +44,27 @@ func TestFencedWrite(t *testing.T) {
 		const scope = "daily-report"
 		r := f.res
 
-		wantFloor(t, r, scope, 0)
-		wantResult(t, "first write", write(t, r, scope, "summary", "a1", "holder-a", 1), true, 1)
-		wantResult(t, "equal token", write(t, r, scope, "summary", "a2", "holder-a", 1), true, 1)
-		wantPart(t, r, scope, "summary", "a2", "holder-a", 1)
-		wantResult(t, "newer token", write(t, r, scope, "summary", "b1", "holder-b", 2), true, 2)
+		backendtest.WantFloor(t, r, scope, 0)
+		backendtest.WantResult(t, "first write", backendtest.Write(t, r, scope, "summary", "a1", "holder-a", 1), true, 1)
+		backendtest.WantResult(t, "equal token", backendtest.Write(t, r, scope, "summary", "a2", "holder-a", 1), true, 1)
+		backendtest.WantPart(t, r, scope, "summary", "a2", "holder-a", 1)
+		backendtest.WantResult(t, "newer token", backendtest.Write(t, r, scope, "summary", "b1", "holder-b", 2), true, 2)
 
 		snap := f.snapshot(t)
-		wantResult(t, "stale token", write(t, r, scope, "summary", "stale", "holder-a", 1), false, 2)
-		wantResult(t, "stale token, other part", write(t, r, scope, "detail", "stale", "holder-a", 1), false, 2)
-		wantPart(t, r, scope, "summary", "b1", "holder-b", 2)
-		wantPart(t, r, scope, "detail", "", "", 0)
+		backendtest.WantResult(t, "stale token", backendtest.Write(t, r, scope, "summary", "stale", "holder-a", 1), false, 2)
+		backendtest.WantResult(t, "stale token, other part", backendtest.Write(t, r, scope, "detail", "stale", "holder-a", 1), false, 2)
+		backendtest.WantPart(t, r, scope, "summary", "b1", "holder-b", 2)
+		backendtest.WantPart(t, r, scope, "detail", "", "", 0)
 		if got := f.snapshot(t); got == snap {
 			t.Fatal("rejected writes were not logged")
 		}
 
 		// Scopes are independent; a scope seen for the first time accepts.
-		wantResult(t, "new scope", write(t, r, "other-report", "detail", "a", "holder-a", 1), true, 1)
-		wantFloor(t, r, scope, 2)
-		wantFloor(t, r, "other-report", 1)
-		wantFloor(t, r, "never-written", 0)
-		wantPart(t, r, "never-written", "summary", "", "", 0)
+		backendtest.WantResult(t, "new scope", backendtest.Write(t, r, "other-report", "detail", "a", "holder-a", 1), true, 1)
+		backendtest.WantFloor(t, r, scope, 2)
+		backendtest.WantFloor(t, r, "other-report", 1)
+		backendtest.WantFloor(t, r, "never-written", 0)
+		backendtest.WantPart(t, r, "never-written", "summary", "", "", 0)
 
 		wantAttempts(t, r, scope,
 			"summary/holder-a/1/true/1", "summary/holder-a/1/true/1", "summary/holder-b/2/true/2",
@@ -120,8 +73,8 @@ func TestFencedWrite(t *testing.T) {
 		wantAttempts(t, r, "never-written")
 
 		// The largest token fits.
-		wantResult(t, "MaxToken", write(t, r, "max", "p", "x", "w", leasecore.MaxToken), true, leasecore.MaxToken)
-		wantResult(t, "below MaxToken", write(t, r, "max", "p", "y", "w", leasecore.MaxToken-1), false, leasecore.MaxToken)
+		backendtest.WantResult(t, "MaxToken", backendtest.Write(t, r, "max", "p", "x", "w", leasecore.MaxToken), true, leasecore.MaxToken)
+		backendtest.WantResult(t, "below MaxToken", backendtest.Write(t, r, "max", "p", "y", "w", leasecore.MaxToken-1), false, leasecore.MaxToken)
 	})
 }
 
@@ -152,7 +105,7 @@ func TestFenceQueuesWriters(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				scope := "scope " + tc.name
 				if tc.seed != 0 {
-					write(t, f.res, scope, "summary", "seed", "holder-s", tc.seed)
+					backendtest.Write(t, f.res, scope, "summary", "seed", "holder-s", tc.seed)
 				}
 				entered, resume := make(chan struct{}), make(chan struct{})
 				gapped, err := f.resPool.Resource(fencepg.WithCommitGap(func(ctx context.Context, w leasecore.Write) error {
@@ -191,13 +144,13 @@ func TestFenceQueuesWriters(t *testing.T) {
 				if a.err != nil || b.err != nil {
 					t.Fatalf("errors: first %v, second %v", a.err, b.err)
 				}
-				wantResult(t, "first", a.res, tc.firstAccepted, tc.firstFloor)
-				wantResult(t, "second", b.res, tc.secondAccepted, tc.floor)
-				wantFloor(t, f.res, scope, tc.floor)
+				backendtest.WantResult(t, "first", a.res, tc.firstAccepted, tc.firstFloor)
+				backendtest.WantResult(t, "second", b.res, tc.secondAccepted, tc.floor)
+				backendtest.WantFloor(t, f.res, scope, tc.floor)
 				if tc.secondAccepted {
-					wantPart(t, f.res, scope, "summary", "second", "second", tc.second)
+					backendtest.WantPart(t, f.res, scope, "summary", "second", "second", tc.second)
 				} else {
-					wantPart(t, f.res, scope, "summary", "first", "first", tc.first)
+					backendtest.WantPart(t, f.res, scope, "summary", "first", "first", tc.first)
 				}
 			})
 		}
@@ -232,8 +185,8 @@ func TestConcurrentFirstWrite(t *testing.T) {
 					t.Fatalf("round %d: %v", i, err)
 				}
 			}
-			wantFloor(t, f.res, scope, 2)
-			wantPart(t, f.res, scope, "summary", "token 2", "w2", 2)
+			backendtest.WantFloor(t, f.res, scope, 2)
+			backendtest.WantPart(t, f.res, scope, "summary", "token 2", "w2", 2)
 			as, err := f.res.Attempts(ctx, scope)
 			if err != nil {
 				t.Fatal(err)

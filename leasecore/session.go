@@ -100,8 +100,23 @@ func WithRenewObserver(f func(RenewEvent)) SessionOption {
 	return func(c *sessionConfig) { c.onRenew = f }
 }
 
-func (c *sessionConfig) check(lease Lease) error {
-	const op = "new session"
+// newSessionConfig applies opts over the defaults and validates the result
+// for op.
+func newSessionConfig(op string, lease Lease, opts []SessionOption) (sessionConfig, error) {
+	cfg := sessionConfig{ttl: DefaultSessionTTL, clock: SystemClock}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if !cfg.intervalSet {
+		cfg.interval = cfg.ttl / 4
+	}
+	if !cfg.marginSet {
+		cfg.margin = cfg.ttl / 5
+	}
+	return cfg, cfg.check(op, lease)
+}
+
+func (c *sessionConfig) check(op string, lease Lease) error {
 	bad := func(field string, v time.Duration, reason string) error {
 		return &ArgError{Op: op, Field: field, Value: v.String(), Reason: reason}
 	}
@@ -133,17 +148,8 @@ func (c *sessionConfig) check(lease Lease) error {
 // the background. When another holder has the lease it returns an error
 // wrapping ErrHeld; it does not wait. On any error nothing keeps running.
 func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...SessionOption) (*Session, error) {
-	cfg := sessionConfig{ttl: DefaultSessionTTL, clock: SystemClock}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if !cfg.intervalSet {
-		cfg.interval = cfg.ttl / 4
-	}
-	if !cfg.marginSet {
-		cfg.margin = cfg.ttl / 5
-	}
-	if err := cfg.check(lease); err != nil {
+	cfg, err := newSessionConfig("new session", lease, opts)
+	if err != nil {
 		return nil, err
 	}
 

@@ -53,17 +53,8 @@ type LostName struct {
 // implement BatchRenewer. The options are Session's: WithTTL,
 // WithRenewInterval, WithMargin and WithClock apply to every name.
 func NewSessionSet(lease Lease, holder string, opts ...SessionOption) (*SessionSet, error) {
-	cfg := sessionConfig{ttl: DefaultSessionTTL, clock: SystemClock}
-	for _, o := range opts {
-		o(&cfg)
-	}
-	if !cfg.intervalSet {
-		cfg.interval = cfg.ttl / 4
-	}
-	if !cfg.marginSet {
-		cfg.margin = cfg.ttl / 5
-	}
-	if err := cfg.check(lease); err != nil {
+	cfg, err := newSessionConfig("new session set", lease, opts)
+	if err != nil {
 		return nil, err
 	}
 	renewer, ok := lease.(BatchRenewer)

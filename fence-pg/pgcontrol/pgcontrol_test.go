@@ -98,9 +98,8 @@ func TestControls(t *testing.T) {
 		})
 
 		t.Run("check-then-write: the floor moves back", func(t *testing.T) {
-			var r *pgcontrol.Resource
 			// A reads floor 0 and pauses; B runs a whole write; A resumes.
-			r = c.CheckThenWrite(func(ctx context.Context, w leasecore.Write) error {
+			r := c.CheckThenWrite(func(ctx context.Context, w leasecore.Write) error {
 				if w.Writer == "holder-a" {
 					play(t, c.CheckThenWrite(nil), "ctw", step{"summary", "new", "holder-b", 2, true, 2})
 				}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -28,7 +29,7 @@ func TestMapError(t *testing.T) {
 	cancel2()
 
 	pgErr := func(code string) error { return &pgconn.PgError{Severity: "ERROR", Code: code, Message: "m"} }
-	pqErr := func(code string) error { return &pq.Error{Code: pq.ErrorCode(code), Message: "m"} }
+	pqErr := func(code string) error { return &pq.Error{Code: pqerror.Code(code), Message: "m"} }
 	for _, tc := range []struct {
 		name string
 		ctx  context.Context

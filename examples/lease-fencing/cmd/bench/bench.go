@@ -38,13 +38,12 @@ type variant struct {
 
 // measurement is one variant's medians over the rounds.
 type measurement struct {
-	name      string
-	nsPerOp   float64 // median
-	spread    [2]float64
-	allocs    int64
-	bytes     int64
-	rounds    int
-	iterTotal int
+	name    string
+	nsPerOp float64 // median
+	spread  [2]float64
+	allocs  int64
+	bytes   int64
+	rounds  int
 }
 
 func run(ctx context.Context, cfg config) (err error) {
