@@ -98,7 +98,7 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // Acquire implements leasecore.Lease in two requests: Grant an etcd lease
 // of ttl, then one transaction
 //
-//	If(CreateRevision(key) == 0).Then(Put(key, holder, WithLease(id))).Else(Get(key))
+//	If(CreateRevision(key) == 0).Then(Put(key, holder, WithLease(id)))
 //
 // that creates the lease's key only if it does not exist. The token is the
 // transaction's revision, which is the key's create revision. While the key
@@ -106,6 +106,14 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // *leasecore.HoldError wrapping leasecore.ErrHeld that names the current
 // holder, and revokes the etcd lease it just granted (best effort; it would
 // expire on its own). ttl must be a whole number of seconds.
+//
+// The holder named in a refusal is read by a separate Get after the
+// transaction, not by an Else branch in it: etcd pays for the operations of
+// a branch it does not run (the request carries them, through its log), so
+// the Else would slow down every successful acquire — measured at a few
+// percent of an acquire+release — to save a read on the refusal path. The
+// refusal itself is decided by the transaction; the Get only describes it
+// and may find the name released again by then (see heldReason).
 //
 // Grant.TTL is ttl even when the server granted more (it raises a TTL below
 // its minimum): the holder's local deadline then falls even earlier before
@@ -163,28 +171,33 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	case !resp.Succeeded:
 		return leasecore.Grant{}, &leasecore.HoldError{Op: op, Name: name, Holder: holder,
-			Reason: heldBy(resp.Responses[0].GetResponseRange().Kvs), Err: leasecore.ErrHeld}
+			Reason: s.heldReason(ctx, key), Err: leasecore.ErrHeld}
 	}
 	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl, Start: start}, nil
 }
 
 // putIfAbsent is Acquire's transaction: it creates key with value holder,
-// attached to etcd lease id, only if key does not exist; otherwise it reads
-// the key.
+// attached to etcd lease id, only if key does not exist.
 func (s *LeaseStore) putIfAbsent(ctx context.Context, key, holder string, id clientv3.LeaseID) (*clientv3.TxnResponse, error) {
 	return s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, holder, clientv3.WithLease(id))).
-		Else(clientv3.OpGet(key)).
 		Commit()
 }
 
-// heldBy describes the key a refused acquire found.
-func heldBy(kvs []*mvccpb.KeyValue) string {
-	if len(kvs) == 0 {
-		return "" // cannot happen: the compare found the key
+// heldReason describes the holder of key after an acquire was refused, by
+// reading the key. The refusal stands whatever the read finds: the key
+// existed when the transaction ran.
+func (s *LeaseStore) heldReason(ctx context.Context, key string) string {
+	resp, err := s.kv.Get(ctx, key)
+	switch {
+	case err != nil:
+		return fmt.Sprintf("held (the holder could not be read: %v)", err)
+	case len(resp.Kvs) == 0:
+		return "held when tried (released or expired since)"
 	}
-	return fmt.Sprintf("held by %q with token %d", kvs[0].Value, kvs[0].CreateRevision)
+	kv := resp.Kvs[0]
+	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.CreateRevision)
 }
 
 // revoke revokes an etcd lease, best effort: ctx may be why we are
@@ -241,42 +254,44 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 
 // Release implements leasecore.Lease with one transaction
 //
-//	If(CreateRevision(key) == g.Token, Value(key) == g.Holder).Then(Get(key), Delete(key)).Else(Get(key))
+//	If(CreateRevision(key) == g.Token, Value(key) == g.Holder).Then(Delete(key, WithPrevKV))
 //
 // that deletes the key only while it is g's, so the next Acquire succeeds at
-// once with a larger token; then it revokes the etcd lease the key was
-// attached to, best effort: the key is already gone, and a lease with no
-// key holds nothing and expires on its own. Released twice, after expiry or
+// once with a larger token; then it revokes the etcd lease the deleted key
+// was attached to (read from the delete's previous value, not by a separate
+// Get), best effort: the key is already gone, and a lease with no key holds
+// nothing and expires on its own. When the compare fails, a separate Get
+// says why (no Else branch, for the reason given on Acquire); the refusal
+// was decided by the transaction. Released twice, after expiry or
 // after a take-over it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost and changes nothing.
 //
-// In shared mode it is the transaction alone: the shared etcd lease is not
-// revoked, as the holder's other names are attached to it.
+// In shared mode it is the transaction alone, and the delete returns no
+// previous value: the shared etcd lease is not revoked, as the holder's
+// other names are attached to it.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
 		return err
 	}
 	key := s.layout.Lease(g.Name)
+	del := clientv3.OpDelete(key)
+	if !s.shared {
+		del = clientv3.OpDelete(key, clientv3.WithPrevKV())
+	}
 	resp, err := s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
 			clientv3.Compare(clientv3.Value(key), "=", g.Holder)).
-		Then(clientv3.OpGet(key), clientv3.OpDelete(key)).
-		Else(clientv3.OpGet(key)).
+		Then(del).
 		Commit()
 	if err != nil {
 		return etcdkv.MapError(ctx, pkg, op, err)
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if !resp.Succeeded {
-		reason := lostReason(kvs, g)
-		if reason == "" {
-			reason = "changed concurrently" // cannot happen: the compare saw it
-		}
-		return lostHold(op, g, reason)
+		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
 	}
-	if !s.shared && len(kvs) > 0 && kvs[0].Lease != 0 {
-		s.revoke(ctx, clientv3.LeaseID(kvs[0].Lease))
+	if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) > 0 && prev[0].Lease != 0 {
+		s.revoke(ctx, clientv3.LeaseID(prev[0].Lease))
 	}
 	return nil
 }
@@ -308,6 +323,21 @@ func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
 		return fmt.Sprintf("holder %q does not hold it (held by %q with token %d)", g.Holder, holder, token)
 	}
 	return ""
+}
+
+// lostReasonNow reads key after a compare on g's holding period failed
+// and says why it is not g's. A holding period never comes back, so a key
+// that matches g again cannot be found; if it were, the reason says the
+// key changed concurrently.
+func (s *LeaseStore) lostReasonNow(ctx context.Context, key string, g leasecore.Grant) string {
+	resp, err := s.kv.Get(ctx, key)
+	if err != nil {
+		return fmt.Sprintf("not held (the key could not be read: %v)", err)
+	}
+	if reason := lostReason(resp.Kvs, g); reason != "" {
+		return reason
+	}
+	return "changed concurrently"
 }
 
 func lostHold(op string, g leasecore.Grant, reason string) error {

@@ -206,7 +206,7 @@ func (s *LeaseStore) acquireShared(ctx context.Context, name, holder string, ttl
 			// Held. The shared lease stays, for the holder's other names
 			// and its next acquires.
 			return leasecore.Grant{}, &leasecore.HoldError{Op: op, Name: name, Holder: holder,
-				Reason: heldBy(resp.Responses[0].GetResponseRange().Kvs), Err: leasecore.ErrHeld}
+				Reason: s.heldReason(ctx, key), Err: leasecore.ErrHeld}
 		}
 		s.noteRev(resp.Header.Revision)
 		// SAFETY RULE. The key lives exactly as long as the shared etcd
