@@ -46,3 +46,30 @@ func TestBenchRuns(t *testing.T) {
 		}
 	}
 }
+
+func TestQuartiles(t *testing.T) {
+	for _, tc := range []struct {
+		xs   []float64
+		want [5]float64
+	}{
+		{nil, [5]float64{}},
+		{[]float64{3}, [5]float64{3, 3, 3, 3, 3}},
+		{[]float64{4, 1, 3, 2}, [5]float64{1, 1.5, 2.5, 3.5, 4}},
+		{[]float64{5, 1, 4, 2, 3}, [5]float64{1, 1.5, 3, 4.5, 5}},
+	} {
+		if got := quartiles(tc.xs); got != tc.want {
+			t.Errorf("quartiles(%v) = %v, want %v", tc.xs, got, tc.want)
+		}
+	}
+}
+
+// TestRoundUnits: every ratio is one unit, and every variant in no ratio
+// is a unit of its own; a variant in a ratio is not measured alone.
+func TestRoundUnits(t *testing.T) {
+	vs := []variant{{name: "a"}, {name: "b"}, {name: "c"}, {name: "lonely"}}
+	rs := []ratio{{"a/b", "a", "b"}, {"c/b", "c", "b"}}
+	us := roundUnits(vs, rs)
+	if len(us) != 3 || us[0].ratio != &rs[0] || us[1].ratio != &rs[1] || us[2].variant != "lonely" {
+		t.Fatalf("units %+v", us)
+	}
+}

@@ -26,13 +26,17 @@ func main() {
 		os.Exit(etcdtemp.Serve())
 	}
 	testing.Init() // Go's benchmark harness, outside go test
-	rounds := flag.Int("rounds", 15, "rounds after a warm-up round; each runs every variant once, in a random order")
+	rounds := flag.Int("rounds", 15, "rounds after a warm-up round; each runs every ratio's two variants back to back, pairs in a random order")
 	benchtime := flag.Duration("benchtime", 150*time.Millisecond, "target time per variant per round")
 	out := flag.String("out", "", "directory to write the report (latest.txt) to; empty: stdout only")
 	lab := flag.String("lab", "", "path of run.sh: when set, the whole lab is timed once (lab_wall_seconds)")
 	scaling := flag.String("scaling", "1,1000,100000", "existing leases/scopes for the scaling table")
 	docs := flag.String("docs", "", "markdown file whose bench section (between <!-- bench:begin --> and <!-- bench:end -->) gets this run's report")
 	flag.Parse()
+	if *rounds < 1 {
+		fmt.Fprintf(os.Stderr, "bench: -rounds %d: must be at least 1\n", *rounds)
+		os.Exit(2)
+	}
 	if err := flag.Set("test.benchtime", benchtime.String()); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -154,77 +153,49 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		return err
 	}
 	acqSeq := 0
+	fenced := leasecore.Write{Scope: "bench-fenced", Part: "summary", Content: content, Writer: "holder-a", Token: 1}
+	batch := leasecore.Batch{Scope: "bench-batch", Writer: "holder-a", Token: 1,
+		Parts: []leasecore.PartContent{{Part: "summary", Content: content}, {Part: "detail", Content: content}}}
 	return []variant{
-		{"unfenced_upsert", 1, func(b *testing.B) {
-			for b.Loop() {
-				if _, err := e.resPool.Exec(ctx, plainUpsert, "bench-plain", "summary", content, "holder-a", 1); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "unfenced_upsert", perOp: 1, op: func() error {
+			_, err := e.resPool.Exec(ctx, plainUpsert, "bench-plain", "summary", content, "holder-a", 1)
+			return err
 		}},
-		{"fenced_write", 1, func(b *testing.B) {
-			w := leasecore.Write{Scope: "bench-fenced", Part: "summary", Content: content, Writer: "holder-a", Token: 1}
-			for b.Loop() {
-				if err := mustAccept(e.res.Write(ctx, w)); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "fenced_write", perOp: 1, op: func() error {
+			return mustAccept(e.res.Write(ctx, fenced))
 		}},
-		{"article_txn_fence", 1, func(b *testing.B) {
-			for b.Loop() {
-				if err := articleFence(ctx, e.resPool); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "article_txn_fence", perOp: 1, op: func() error {
+			return articleFence(ctx, e.resPool)
 		}},
-		{"batch2_per_part", 2, func(b *testing.B) {
-			batch := leasecore.Batch{Scope: "bench-batch", Writer: "holder-a", Token: 1,
-				Parts: []leasecore.PartContent{{Part: "summary", Content: content}, {Part: "detail", Content: content}}}
-			for b.Loop() {
-				if err := mustAccept(e.res.WriteBatch(ctx, batch)); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "batch2_per_part", perOp: 2, op: func() error {
+			return mustAccept(e.res.WriteBatch(ctx, batch))
 		}},
-		{"acquire", 1, func(b *testing.B) {
-			for b.Loop() {
-				acqSeq++
-				if _, err := e.leases.Acquire(ctx, fmt.Sprintf("bench-acq-%03d", acqSeq%acqNames), "bench", acquireTTL); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "acquire", perOp: 1, op: func() error {
+			acqSeq++
+			_, err := e.leases.Acquire(ctx, fmt.Sprintf("bench-acq-%03d", acqSeq%acqNames), "bench", acquireTTL)
+			return err
 		}},
-		{"renew", 1, func(b *testing.B) {
-			for b.Loop() {
-				if _, err := e.leases.Renew(ctx, renewGrant); err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "renew", perOp: 1, op: func() error {
+			_, err := e.leases.Renew(ctx, renewGrant)
+			return err
 		}},
-		{"renew_1000_leases_per_lease", 1000, func(b *testing.B) {
-			for b.Loop() {
-				_, lost, err := e.leases.RenewAll(ctx, shards)
-				if err == nil {
-					err = errors.Join(lost...)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
-			}
+		{name: "renew_1000_leases_per_lease", perOp: 1000, op: func() error {
+			_, lost, err := e.leases.RenewAll(ctx, shards)
+			return errors.Join(err, errors.Join(lost...))
 		}},
-		{"unfenced_8_clients", 1, func(b *testing.B) {
+		{name: "unfenced_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
 				_, err := e.par.Exec(ctx, plainUpsert, "bench-par", fmt.Sprintf("part-%d", id), content, "holder-a", 1)
 				return err
 			})
 		}},
-		{"fenced_8_scopes_8_clients", 1, func(b *testing.B) {
+		{name: "fenced_8_scopes_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
 				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("bench-scope-%d", id),
 					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
 			})
 		}},
-		{"fenced_1_scope_8_clients", 1, func(b *testing.B) {
+		{name: "fenced_1_scope_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
 				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: "bench-one-scope",
 					Part: fmt.Sprintf("part-%d", id), Content: content, Writer: "holder-a", Token: 1}))
@@ -345,10 +316,4 @@ func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...
 		res.rows = append(res.rows, scaleRow{n: n, acquire: median(acqs), write: median(writes)})
 	}
 	return res, nil
-}
-
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[len(s)/2]
 }

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// variant is one measured operation. Exactly one of op and parallel is
+// set. perOp divides the time of one op (a batch of 2 parts reports per
+// part, 1000 renewals per lease).
+type variant struct {
+	name  string
+	perOp int
+	// op runs one operation, on the calling goroutine.
+	op func() error
+	// parallel is a concurrent variant: it runs b.N operations itself,
+	// spread over several goroutines.
+	parallel func(b *testing.B)
+}
+
+// bench runs the variant alone under Go's benchmark harness.
+func (v variant) bench(b *testing.B) {
+	if v.parallel != nil {
+		v.parallel(b)
+		return
+	}
+	for b.Loop() {
+		if err := v.op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// ratio is one RATIO line: the median over rounds of the time per op of
+// num divided by that of den, the two measured together in each round.
+type ratio struct{ name, num, den string }
+
+// ratios are the report's RATIO lines, in order. The concurrent variants
+// compare throughput (ops/s): the inverse ratio of their ns/op, so their
+// num and den are swapped.
+var ratios = []ratio{
+	{"fenced_write/unfenced_upsert", "fenced_write", "unfenced_upsert"},
+	{"article_txn_fence/unfenced_upsert", "article_txn_fence", "unfenced_upsert"},
+	{"batch2_per_part/unfenced_upsert", "batch2_per_part", "unfenced_upsert"},
+	{"acquire/unfenced_upsert", "acquire", "unfenced_upsert"},
+	{"renew/unfenced_upsert", "renew", "unfenced_upsert"},
+	{"renew_1000_leases_per_lease/renew", "renew_1000_leases_per_lease", "renew"},
+	{"fenced_8_scopes_8_clients/unfenced_8_clients", "unfenced_8_clients", "fenced_8_scopes_8_clients"},
+	{"fenced_1_scope_8_clients/unfenced_8_clients", "unfenced_8_clients", "fenced_1_scope_8_clients"},
+	{"etcd_fenced_write/etcd_put", "etcd_fenced_write", "etcd_put"},
+	{"etcd_acquire_release/etcd_mutex_lock_unlock", "etcd_acquire_release", "etcd_mutex_lock_unlock"},
+}
+
+// unit is what a round runs at once: a ratio's two variants, or one
+// variant that is in no ratio.
+type unit struct {
+	ratio   *ratio
+	variant string
+}
+
+// roundUnits returns one unit per ratio and one per variant in no ratio.
+func roundUnits(variants []variant, ratios []ratio) []unit {
+	paired := map[string]bool{}
+	var us []unit
+	for i := range ratios {
+		us = append(us, unit{ratio: &ratios[i]})
+		paired[ratios[i].num], paired[ratios[i].den] = true, true
+	}
+	for _, v := range variants {
+		if !paired[v.name] {
+			us = append(us, unit{variant: v.name})
+		}
+	}
+	return us
+}
+
+// sampler runs the rounds and keeps what they measured.
+type sampler struct {
+	ctx    context.Context
+	say    func(string, ...any)
+	rounds int
+	byName map[string]variant
+	// ns holds every counted time per op of a variant (ns, divided by
+	// perOp); warm holds its warm-up run, whose allocation counts the
+	// table reports (they do not depend on the machine's speed).
+	ns   map[string][]float64
+	warm map[string]testing.BenchmarkResult
+	// perRatio holds each ratio's value of every round.
+	perRatio map[string][]float64
+}
+
+func newSampler(ctx context.Context, say func(string, ...any), rounds int, variants []variant) (*sampler, error) {
+	s := &sampler{ctx: ctx, say: say, rounds: rounds, byName: map[string]variant{},
+		ns: map[string][]float64{}, warm: map[string]testing.BenchmarkResult{}, perRatio: map[string][]float64{}}
+	for _, v := range variants {
+		if (v.op == nil) == (v.parallel == nil) {
+			return nil, fmt.Errorf("variant %s: exactly one of op and parallel must be set", v.name)
+		}
+		s.byName[v.name] = v
+	}
+	for _, r := range ratios {
+		for _, name := range []string{r.num, r.den} {
+			if _, ok := s.byName[name]; !ok {
+				return nil, fmt.Errorf("ratio %s: no variant %s", r.name, name)
+			}
+		}
+	}
+	return s, nil
+}
+
+// run measures: round 0 runs every variant alone (warm-up: prepared
+// statements, connections, caches; not counted, but its allocation counts
+// are reported); each later round runs every unit once, units in a new
+// random order.
+//
+// The machine is shared, and its disk and CPU change speed within
+// seconds, so the two variants of a ratio are measured together:
+//   - two single-goroutine variants alternate operation by operation
+//     inside one harness run (A B, then B A, ...), each operation timed
+//     on the monotonic clock, so both see the same machine;
+//   - two concurrent variants run back to back, in a random order.
+//
+// A variant in several ratios (the baseline) is measured once per ratio.
+func (s *sampler) run(variants []variant) error {
+	for _, v := range variants {
+		res, err := s.alone(0, v)
+		if err != nil {
+			return err
+		}
+		s.warm[v.name] = res
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	units := roundUnits(variants, ratios)
+	for r := 1; r <= s.rounds; r++ {
+		rng.Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
+		for _, u := range units {
+			if u.ratio == nil {
+				if _, err := s.alone(r, s.byName[u.variant]); err != nil {
+					return err
+				}
+				continue
+			}
+			num, den := s.byName[u.ratio.num], s.byName[u.ratio.den]
+			var a, b float64
+			var err error
+			if num.op != nil && den.op != nil {
+				a, b, err = s.interleaved(r, num, den)
+			} else {
+				a, b, err = s.adjacent(r, num, den, rng.IntN(2) == 0)
+			}
+			if err != nil {
+				return err
+			}
+			s.perRatio[u.ratio.name] = append(s.perRatio[u.ratio.name], a/b)
+		}
+	}
+	return nil
+}
+
+// alone runs v under the harness by itself and, in a counted round, keeps
+// its time per op.
+func (s *sampler) alone(round int, v variant) (testing.BenchmarkResult, error) {
+	if err := s.ctx.Err(); err != nil {
+		return testing.BenchmarkResult{}, err
+	}
+	res := testing.Benchmark(v.bench)
+	if res.N == 0 {
+		return res, fmt.Errorf("variant %s failed (see above)", v.name)
+	}
+	s.keep(round, v, float64(res.T.Nanoseconds())/float64(res.N))
+	return res, nil
+}
+
+// adjacent runs a and b alone, one right after the other (b first when
+// bFirst), and returns their times per op.
+func (s *sampler) adjacent(round int, a, b variant, bFirst bool) (float64, float64, error) {
+	first, second := a, b
+	if bFirst {
+		first, second = b, a
+	}
+	r1, err := s.alone(round, first)
+	if err != nil {
+		return 0, 0, err
+	}
+	r2, err := s.alone(round, second)
+	if err != nil {
+		return 0, 0, err
+	}
+	x, y := perOp(first, r1), perOp(second, r2)
+	if bFirst {
+		x, y = y, x
+	}
+	return x, y, nil
+}
+
+// interleaved runs a and b alternately inside one harness run and returns
+// their times per op. The clock is read before and after each operation
+// (about 50 ns, against operations of hundreds of µs).
+func (s *sampler) interleaved(round int, a, b variant) (float64, float64, error) {
+	if err := s.ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	var ta, tb time.Duration
+	var n int
+	res := testing.Benchmark(func(bb *testing.B) {
+		ta, tb, n = 0, 0, 0 // the harness calls this with growing b.N; keep the last
+		timed := func(v variant, sum *time.Duration) {
+			start := time.Now()
+			if err := v.op(); err != nil {
+				bb.Fatal(fmt.Errorf("%s: %w", v.name, err))
+			}
+			*sum += time.Since(start)
+		}
+		for bb.Loop() {
+			if n%2 == 0 {
+				timed(a, &ta)
+				timed(b, &tb)
+			} else {
+				timed(b, &tb)
+				timed(a, &ta)
+			}
+			n++
+		}
+	})
+	if res.N == 0 || n == 0 {
+		return 0, 0, fmt.Errorf("variants %s and %s failed (see above)", a.name, b.name)
+	}
+	x := float64(ta.Nanoseconds()) / float64(n) / float64(a.perOp)
+	y := float64(tb.Nanoseconds()) / float64(n) / float64(b.perOp)
+	s.keepPerOp(round, a, x)
+	s.keepPerOp(round, b, y)
+	return x, y, nil
+}
+
+// perOp is a result's time per op as v defines an op.
+func perOp(v variant, res testing.BenchmarkResult) float64 {
+	return float64(res.T.Nanoseconds()) / float64(res.N) / float64(v.perOp)
+}
+
+// keep records a time per harness iteration of v.
+func (s *sampler) keep(round int, v variant, nsPerIter float64) {
+	s.keepPerOp(round, v, nsPerIter/float64(v.perOp))
+}
+
+// keepPerOp records a time per op of v, unless round is the warm-up.
+func (s *sampler) keepPerOp(round int, v variant, ns float64) {
+	s.say("round %d/%d %-32s %10.0f ns/op", round, s.rounds, v.name, ns)
+	if round > 0 {
+		s.ns[v.name] = append(s.ns[v.name], ns)
+	}
+}
+
+// stats returns the median, minimum and maximum of xs (all 0 when empty).
+func stats(xs []float64) (med, lo, hi float64) {
+	if len(xs) == 0 {
+		return 0, 0, 0
+	}
+	return median(xs), slices.Min(xs), slices.Max(xs)
+}
+
+// quartiles returns the minimum, first quartile, median, third quartile
+// and maximum of xs (quartiles as medians of the lower and upper halves);
+// all 0 when xs is empty.
+func quartiles(xs []float64) [5]float64 {
+	if len(xs) == 0 {
+		return [5]float64{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	half := len(s) / 2
+	lower, upper := s[:half], s[len(s)-half:]
+	if half == 0 {
+		lower, upper = s, s
+	}
+	return [5]float64{s[0], median(lower), median(s), median(upper), s[len(s)-1]}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
+}
