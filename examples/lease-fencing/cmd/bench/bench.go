@@ -69,11 +69,12 @@ func run(ctx context.Context, cfg config) (err error) {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n# latency with many existing leases / scopes (median of %d rounds, µs/op)\n", scale.rounds)
+	fmt.Fprintf(w, "\n# latency with many existing leases / scopes: the sizes alternate op by op in one harness run\n")
+	fmt.Fprintf(w, "# (median of %d rounds, µs/op; ratio: to the smallest size, within the round)\n", scale.rounds)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "existing\tacquire+release\tfenced write\t")
+	fmt.Fprintln(tw, "existing\tacquire+release\tratio\tfenced write\tratio\t")
 	for _, row := range scale.rows {
-		fmt.Fprintf(tw, "%d\t%.1f\t%.1f\t\n", row.n, row.acquire/1e3, row.write/1e3)
+		fmt.Fprintf(tw, "%d\t%.1f\t%.2f\t%.1f\t%.2f\t\n", row.n, row.acquire/1e3, row.acquireRatio, row.write/1e3, row.writeRatio)
 	}
 	tw.Flush()
 

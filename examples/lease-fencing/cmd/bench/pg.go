@@ -54,7 +54,7 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if e.cluster, err = pgtemp.Start(ctx); err != nil {
 		return nil, err
 	}
-	for _, db := range []string{"bench_lease", "bench_res", "scale_lease", "scale_res"} {
+	for _, db := range []string{"bench_lease", "bench_res"} {
 		if err := e.cluster.CreateDatabase(ctx, db); err != nil {
 			return nil, err
 		}
@@ -228,6 +228,9 @@ func articleFence(ctx context.Context, pool *pgxpool.Pool) error {
 type scaleRow struct {
 	n              int
 	acquire, write float64 // median ns/op; acquire is an acquire+release pair
+	// acquireRatio and writeRatio are the medians over rounds of this
+	// size's time over the smallest size's, measured together.
+	acquireRatio, writeRatio float64
 }
 
 type scaleResult struct {
@@ -235,85 +238,171 @@ type scaleResult struct {
 	rows   []scaleRow
 }
 
+// scaleSet is one size of the scaling table: n existing leases and n
+// scopes, in databases of their own.
+type scaleSet struct {
+	n      int
+	leases *fencepg.LeaseStore
+	res    *fencepg.Resource
+	seq    int
+}
+
 // pgScaling measures acquire and fenced-write latency with n existing
 // leases and scopes, for each n: both should stay flat (one index lookup
-// each).
+// each). Every size has its own databases, filled first; then the sizes
+// are measured together, operation by operation in turn inside one
+// harness run, like the ratios, so a slow moment of the machine does not
+// land on one size only.
 func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...any)) (scaleResult, error) {
-	const rounds = 3
+	const rounds = 5
 	res := scaleResult{rounds: rounds}
-	leasePool, err := pgxpool.New(ctx, e.cluster.DSN("scale_lease"))
-	if err != nil {
-		return res, err
-	}
-	defer leasePool.Close()
-	resPool, err := pgxpool.New(ctx, e.cluster.DSN("scale_res"))
-	if err != nil {
-		return res, err
-	}
-	defer resPool.Close()
-	leases, _ := fencepg.NewLeaseStore(leasePool)
-	r, _ := fencepg.NewResource(resPool)
-	if err := leases.Migrate(ctx); err != nil {
-		return res, err
-	}
-	if err := r.Migrate(ctx); err != nil {
-		return res, err
-	}
-	for _, n := range sizes {
+	sets := make([]*scaleSet, len(sizes))
+	for i, n := range sizes {
 		say("scaling: %d existing leases and scopes", n)
-		if _, err := leasePool.Exec(ctx, `TRUNCATE lease`); err != nil {
+		set, closePools, err := e.newScaleSet(ctx, n)
+		if err != nil {
 			return res, err
 		}
-		if _, err := resPool.Exec(ctx, `TRUNCATE fence_floor, report_part, write_attempt`); err != nil {
-			return res, err
+		defer closePools()
+		sets[i] = set
+	}
+	// Acquire a released lease and release it again: the pair keeps
+	// every lease free, for any n, with no timing tricks.
+	acquire := func(s *scaleSet) error {
+		s.seq++
+		g, err := s.leases.Acquire(ctx, fmt.Sprintf("lease-%d", 1+s.seq%s.n), "bench", time.Hour)
+		if err != nil {
+			return err
 		}
-		// n released leases, and n scopes with one part each.
-		if _, err := leasePool.Exec(ctx, `INSERT INTO lease (name, holder, token, expires_at)
-			SELECT 'lease-' || g, 'bench', 1, '-infinity' FROM generate_series(1, $1) g`, n); err != nil {
-			return res, err
-		}
-		if _, err := resPool.Exec(ctx, `INSERT INTO fence_floor (scope, max_token)
-			SELECT 'scope-' || g, 1 FROM generate_series(1, $1) g`, n); err != nil {
-			return res, err
-		}
-		if _, err := resPool.Exec(ctx, `INSERT INTO report_part (scope, part, content, writer, token)
-			SELECT 'scope-' || g, 'summary', 'x', 'bench', 1 FROM generate_series(1, $1) g`, n); err != nil {
-			return res, err
-		}
-		for _, p := range []*pgxpool.Pool{leasePool, resPool} {
-			if _, err := p.Exec(ctx, `ANALYZE`); err != nil {
+		return s.leases.Release(ctx, g)
+	}
+	write := func(s *scaleSet) error {
+		_, err := s.res.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("scope-%d", 1+s.n/2), Part: "summary",
+			Content: content, Writer: "bench", Token: 1})
+		return err
+	}
+	acqNs := make([][]float64, len(sets))
+	wrNs := make([][]float64, len(sets))
+	acqRatio := make([][]float64, len(sets))
+	wrRatio := make([][]float64, len(sets))
+	for range rounds {
+		for _, m := range []struct {
+			op        func(*scaleSet) error
+			ns, ratio [][]float64
+		}{{acquire, acqNs, acqRatio}, {write, wrNs, wrRatio}} {
+			per, err := inTurn(ctx, sets, m.op)
+			if err != nil {
 				return res, err
 			}
-		}
-		seq := 0
-		// Acquire a released lease and release it again: the pair keeps
-		// every lease free, for any n, with no timing tricks.
-		acq := func(b *testing.B) {
-			for b.Loop() {
-				seq++
-				g, err := leases.Acquire(ctx, fmt.Sprintf("lease-%d", 1+seq%n), "bench", time.Hour)
-				if err == nil {
-					err = leases.Release(ctx, g)
-				}
-				if err != nil {
-					b.Fatal(err)
-				}
+			for i := range sets {
+				m.ns[i] = append(m.ns[i], per[i])
+				m.ratio[i] = append(m.ratio[i], per[i]/per[0])
 			}
 		}
-		wr := func(b *testing.B) {
-			w := leasecore.Write{Scope: fmt.Sprintf("scope-%d", 1+n/2), Part: "summary", Content: content, Writer: "bench", Token: 1}
-			for b.Loop() {
-				if _, err := r.Write(ctx, w); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-		var acqs, writes []float64
-		for range rounds {
-			acqs = append(acqs, float64(testing.Benchmark(acq).NsPerOp()))
-			writes = append(writes, float64(testing.Benchmark(wr).NsPerOp()))
-		}
-		res.rows = append(res.rows, scaleRow{n: n, acquire: median(acqs), write: median(writes)})
+	}
+	for i, s := range sets {
+		res.rows = append(res.rows, scaleRow{n: s.n, acquire: median(acqNs[i]), write: median(wrNs[i]),
+			acquireRatio: median(acqRatio[i]), writeRatio: median(wrRatio[i])})
 	}
 	return res, nil
+}
+
+// inTurn runs op on every set in turn, starting with a different set each
+// time, inside one harness run, and returns each set's time per op.
+func inTurn(ctx context.Context, sets []*scaleSet, op func(*scaleSet) error) ([]float64, error) {
+	sums := make([]time.Duration, len(sets))
+	var n int
+	res := testing.Benchmark(func(b *testing.B) {
+		clear(sums)
+		n = 0
+		for b.Loop() {
+			for k := range sets {
+				i := (k + n) % len(sets)
+				start := time.Now()
+				if err := op(sets[i]); err != nil {
+					b.Fatal(err)
+				}
+				sums[i] += time.Since(start)
+			}
+			n++
+		}
+	})
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if res.N == 0 || n == 0 {
+		return nil, errors.New("scaling: an operation failed (see above)")
+	}
+	per := make([]float64, len(sets))
+	for i, d := range sums {
+		per[i] = float64(d.Nanoseconds()) / float64(n)
+	}
+	return per, nil
+}
+
+// newScaleSet creates the databases of size n (n released leases; n scopes
+// with a floor and one part each) and the stores on them.
+func (e *pgEnv) newScaleSet(ctx context.Context, n int) (_ *scaleSet, closePools func(), err error) {
+	var pools []*pgxpool.Pool
+	closePools = func() {
+		for _, p := range pools {
+			p.Close()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closePools()
+		}
+	}()
+	open := func(db string) (*pgxpool.Pool, error) {
+		if err := e.cluster.CreateDatabase(ctx, db); err != nil {
+			return nil, err
+		}
+		p, err := pgxpool.New(ctx, e.cluster.DSN(db))
+		if err == nil {
+			pools = append(pools, p)
+		}
+		return p, err
+	}
+	leasePool, err := open(fmt.Sprintf("scale_lease_%d", n))
+	if err != nil {
+		return nil, nil, err
+	}
+	resPool, err := open(fmt.Sprintf("scale_res_%d", n))
+	if err != nil {
+		return nil, nil, err
+	}
+	set := &scaleSet{n: n}
+	if set.leases, err = fencepg.NewLeaseStore(leasePool); err != nil {
+		return nil, nil, err
+	}
+	if set.res, err = fencepg.NewResource(resPool); err != nil {
+		return nil, nil, err
+	}
+	if err := set.leases.Migrate(ctx); err != nil {
+		return nil, nil, err
+	}
+	if err := set.res.Migrate(ctx); err != nil {
+		return nil, nil, err
+	}
+	for _, st := range []struct {
+		pool *pgxpool.Pool
+		sql  string
+	}{
+		{leasePool, `INSERT INTO lease (name, holder, token, expires_at)
+			SELECT 'lease-' || g, 'bench', 1, '-infinity' FROM generate_series(1, $1) g`},
+		{resPool, `INSERT INTO fence_floor (scope, max_token) SELECT 'scope-' || g, 1 FROM generate_series(1, $1) g`},
+		{resPool, `INSERT INTO report_part (scope, part, content, writer, token)
+			SELECT 'scope-' || g, 'summary', 'x', 'bench', 1 FROM generate_series(1, $1) g`},
+	} {
+		if _, err := st.pool.Exec(ctx, st.sql, n); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, p := range pools {
+		if _, err := p.Exec(ctx, `ANALYZE`); err != nil {
+			return nil, nil, err
+		}
+	}
+	return set, closePools, nil
 }
