@@ -196,7 +196,11 @@ func (s *LeaseStore) heldReason(ctx context.Context, key string) string {
 	case len(resp.Kvs) == 0:
 		return "held when tried (released or expired since)"
 	}
-	kv := resp.Kvs[0]
+	return heldBy(resp.Kvs[0])
+}
+
+// heldBy names who holds a lease key, and with which token.
+func heldBy(kv *mvccpb.KeyValue) string {
 	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.CreateRevision)
 }
 
@@ -320,7 +324,7 @@ func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
 		// have issued it.
 		return fmt.Sprintf("token %d was never issued (the current is token %d)", g.Token, token)
 	case holder != g.Holder:
-		return fmt.Sprintf("holder %q does not hold it (held by %q with token %d)", g.Holder, holder, token)
+		return fmt.Sprintf("holder %q does not hold it (%s)", g.Holder, heldBy(kv))
 	}
 	return ""
 }

@@ -250,9 +250,8 @@ type scaleSet struct {
 // pgScaling measures acquire and fenced-write latency with n existing
 // leases and scopes, for each n: both should stay flat (one index lookup
 // each). Every size has its own databases, filled first; then the sizes
-// are measured together, operation by operation in turn inside one
-// harness run, like the ratios, so a slow moment of the machine does not
-// land on one size only.
+// are measured together (alternate), like the ratios, so a slow moment of
+// the machine does not land on one size only.
 func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...any)) (scaleResult, error) {
 	const rounds = 5
 	res := scaleResult{rounds: rounds}
@@ -290,9 +289,13 @@ func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...
 			op        func(*scaleSet) error
 			ns, ratio [][]float64
 		}{{acquire, acqNs, acqRatio}, {write, wrNs, wrRatio}} {
-			per, err := inTurn(ctx, sets, m.op)
+			ops := make([]func() error, len(sets))
+			for i, set := range sets {
+				ops[i] = func() error { return m.op(set) }
+			}
+			per, err := alternate(ctx, ops...)
 			if err != nil {
-				return res, err
+				return res, fmt.Errorf("scaling: %w", err)
 			}
 			for i := range sets {
 				m.ns[i] = append(m.ns[i], per[i])
@@ -305,39 +308,6 @@ func (e *pgEnv) pgScaling(ctx context.Context, sizes []int, say func(string, ...
 			acquireRatio: median(acqRatio[i]), writeRatio: median(wrRatio[i])})
 	}
 	return res, nil
-}
-
-// inTurn runs op on every set in turn, starting with a different set each
-// time, inside one harness run, and returns each set's time per op.
-func inTurn(ctx context.Context, sets []*scaleSet, op func(*scaleSet) error) ([]float64, error) {
-	sums := make([]time.Duration, len(sets))
-	var n int
-	res := testing.Benchmark(func(b *testing.B) {
-		clear(sums)
-		n = 0
-		for b.Loop() {
-			for k := range sets {
-				i := (k + n) % len(sets)
-				start := time.Now()
-				if err := op(sets[i]); err != nil {
-					b.Fatal(err)
-				}
-				sums[i] += time.Since(start)
-			}
-			n++
-		}
-	})
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if res.N == 0 || n == 0 {
-		return nil, errors.New("scaling: an operation failed (see above)")
-	}
-	per := make([]float64, len(sets))
-	for i, d := range sums {
-		per[i] = float64(d.Nanoseconds()) / float64(n)
-	}
-	return per, nil
 }
 
 // newScaleSet creates the databases of size n (n released leases; n scopes

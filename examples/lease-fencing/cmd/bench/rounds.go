@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -127,7 +128,7 @@ func newSampler(ctx context.Context, say func(string, ...any), rounds int, varia
 // A variant in several ratios (the baseline) is measured once per ratio.
 func (s *sampler) run(variants []variant) error {
 	for _, v := range variants {
-		res, err := s.alone(0, v)
+		res, _, err := s.alone(0, v)
 		if err != nil {
 			return err
 		}
@@ -139,7 +140,7 @@ func (s *sampler) run(variants []variant) error {
 		rng.Shuffle(len(units), func(i, j int) { units[i], units[j] = units[j], units[i] })
 		for _, u := range units {
 			if u.ratio == nil {
-				if _, err := s.alone(r, s.byName[u.variant]); err != nil {
+				if _, _, err := s.alone(r, s.byName[u.variant]); err != nil {
 					return err
 				}
 				continue
@@ -161,18 +162,19 @@ func (s *sampler) run(variants []variant) error {
 	return nil
 }
 
-// alone runs v under the harness by itself and, in a counted round, keeps
-// its time per op.
-func (s *sampler) alone(round int, v variant) (testing.BenchmarkResult, error) {
+// alone runs v under the harness by itself and returns its harness result
+// and its time per op, which it keeps in a counted round.
+func (s *sampler) alone(round int, v variant) (testing.BenchmarkResult, float64, error) {
 	if err := s.ctx.Err(); err != nil {
-		return testing.BenchmarkResult{}, err
+		return testing.BenchmarkResult{}, 0, err
 	}
 	res := testing.Benchmark(v.bench)
 	if res.N == 0 {
-		return res, fmt.Errorf("variant %s failed (see above)", v.name)
+		return res, 0, fmt.Errorf("variant %s failed (see above)", v.name)
 	}
-	s.keep(round, v, float64(res.T.Nanoseconds())/float64(res.N))
-	return res, nil
+	ns := float64(res.T.Nanoseconds()) / float64(res.N) / float64(v.perOp)
+	s.keep(round, v, ns)
+	return res, ns, nil
 }
 
 // adjacent runs a and b alone, one right after the other (b first when
@@ -182,72 +184,71 @@ func (s *sampler) adjacent(round int, a, b variant, bFirst bool) (float64, float
 	if bFirst {
 		first, second = b, a
 	}
-	r1, err := s.alone(round, first)
+	_, x, err := s.alone(round, first)
 	if err != nil {
 		return 0, 0, err
 	}
-	r2, err := s.alone(round, second)
+	_, y, err := s.alone(round, second)
 	if err != nil {
 		return 0, 0, err
 	}
-	x, y := perOp(first, r1), perOp(second, r2)
 	if bFirst {
 		x, y = y, x
 	}
 	return x, y, nil
 }
 
-// interleaved runs a and b alternately inside one harness run and returns
-// their times per op. The clock is read before and after each operation
-// (about 50 ns, against operations of hundreds of µs).
+// interleaved runs a and b alternately inside one harness run (see
+// alternate) and returns their times per op.
 func (s *sampler) interleaved(round int, a, b variant) (float64, float64, error) {
-	if err := s.ctx.Err(); err != nil {
-		return 0, 0, err
+	per, err := alternate(s.ctx, a.op, b.op)
+	if err != nil {
+		return 0, 0, fmt.Errorf("variants %s and %s: %w", a.name, b.name, err)
 	}
-	var ta, tb time.Duration
+	x, y := per[0]/float64(a.perOp), per[1]/float64(b.perOp)
+	s.keep(round, a, x)
+	s.keep(round, b, y)
+	return x, y, nil
+}
+
+// alternate runs the ops in turn inside one harness run, each iteration
+// starting with the next one (A B, B A, ... for two), and returns each
+// op's mean time in ns. Each op is timed on the monotonic clock (about
+// 50 ns per reading, against operations of hundreds of µs), so all ops
+// see the same moments of the machine.
+func alternate(ctx context.Context, ops ...func() error) ([]float64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	sums := make([]time.Duration, len(ops))
 	var n int
-	res := testing.Benchmark(func(bb *testing.B) {
-		ta, tb, n = 0, 0, 0 // the harness calls this with growing b.N; keep the last
-		timed := func(v variant, sum *time.Duration) {
-			start := time.Now()
-			if err := v.op(); err != nil {
-				bb.Fatal(fmt.Errorf("%s: %w", v.name, err))
-			}
-			*sum += time.Since(start)
-		}
-		for bb.Loop() {
-			if n%2 == 0 {
-				timed(a, &ta)
-				timed(b, &tb)
-			} else {
-				timed(b, &tb)
-				timed(a, &ta)
+	res := testing.Benchmark(func(b *testing.B) {
+		clear(sums) // the harness calls this with growing b.N; keep the last
+		n = 0
+		for b.Loop() {
+			for k := range ops {
+				i := (k + n) % len(ops)
+				start := time.Now()
+				if err := ops[i](); err != nil {
+					b.Fatal(err)
+				}
+				sums[i] += time.Since(start)
 			}
 			n++
 		}
 	})
 	if res.N == 0 || n == 0 {
-		return 0, 0, fmt.Errorf("variants %s and %s failed (see above)", a.name, b.name)
+		return nil, errors.New("an operation failed (see above)")
 	}
-	x := float64(ta.Nanoseconds()) / float64(n) / float64(a.perOp)
-	y := float64(tb.Nanoseconds()) / float64(n) / float64(b.perOp)
-	s.keepPerOp(round, a, x)
-	s.keepPerOp(round, b, y)
-	return x, y, nil
+	per := make([]float64, len(ops))
+	for i, d := range sums {
+		per[i] = float64(d.Nanoseconds()) / float64(n)
+	}
+	return per, nil
 }
 
-// perOp is a result's time per op as v defines an op.
-func perOp(v variant, res testing.BenchmarkResult) float64 {
-	return float64(res.T.Nanoseconds()) / float64(res.N) / float64(v.perOp)
-}
-
-// keep records a time per harness iteration of v.
-func (s *sampler) keep(round int, v variant, nsPerIter float64) {
-	s.keepPerOp(round, v, nsPerIter/float64(v.perOp))
-}
-
-// keepPerOp records a time per op of v, unless round is the warm-up.
-func (s *sampler) keepPerOp(round int, v variant, ns float64) {
+// keep records a time per op of v, unless round is the warm-up.
+func (s *sampler) keep(round int, v variant, ns float64) {
 	s.say("round %d/%d %-32s %10.0f ns/op", round, s.rounds, v.name, ns)
 	if round > 0 {
 		s.ns[v.name] = append(s.ns[v.name], ns)
