@@ -359,10 +359,7 @@ func lostHold(op string, g leasecore.Grant, reason string) error {
 // seconds, rounded down: the lease may run up to a second longer.
 func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
 	const op = "inspect"
-	if err := leasecore.CheckName(op, "name", name); err != nil {
-		return leasecore.LeaseState{}, err
-	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := leasecore.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	free := leasecore.LeaseState{Name: name}

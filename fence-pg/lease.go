@@ -206,10 +206,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 // Remaining are computed by the database clock at the moment of the read.
 func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
 	const op = "inspect"
-	if err := leasecore.CheckName(op, "name", name); err != nil {
-		return leasecore.LeaseState{}, err
-	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := leasecore.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	st := leasecore.LeaseState{Name: name}

@@ -107,6 +107,14 @@ func CheckAcquire(ctx context.Context, name, holder string, ttl, minTTL time.Dur
 	return CheckContext("acquire", ctx)
 }
 
+// CheckInspect validates the arguments of LeaseInspector.Inspect.
+func CheckInspect(ctx context.Context, name string) error {
+	if err := CheckName("inspect", "name", name); err != nil {
+		return err
+	}
+	return CheckContext("inspect", ctx)
+}
+
 // CheckGrant validates a grant passed to Renew or Release (op).
 func CheckGrant(ctx context.Context, op string, g Grant, minTTL time.Duration) error {
 	if err := CheckName(op, "name", g.Name); err != nil {

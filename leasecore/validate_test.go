@@ -310,6 +310,20 @@ func TestCheckAcquire(t *testing.T) {
 	wantArgError(t, leasecore.CheckAcquire(ctx, "report-job", "holder-a", minTTL/2, minTTL), "acquire", "ttl")
 }
 
+func TestCheckInspect(t *testing.T) {
+	ctx := context.Background()
+	if err := leasecore.CheckInspect(ctx, "report-job"); err != nil {
+		t.Fatalf("CheckInspect(good) = %v, want nil", err)
+	}
+	wantArgError(t, leasecore.CheckInspect(ctx, ""), "inspect", "name")
+	wantArgError(t, leasecore.CheckInspect(ctx, "report-job\x00"), "inspect", "name")
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := leasecore.CheckInspect(done, "report-job"); !errors.Is(err, context.Canceled) {
+		t.Errorf("CheckInspect(cancelled ctx) = %v, want context.Canceled", err)
+	}
+}
+
 func goodGrant() leasecore.Grant {
 	return leasecore.Grant{Name: "report-job", Holder: "holder-a", Token: 7, TTL: time.Second}
 }

@@ -149,10 +149,7 @@ func (l *Leases) current(op string, g leasecore.Grant) (*leaseRow, error) {
 
 // Inspect implements leasecore.LeaseInspector.
 func (l *Leases) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
-	if err := leasecore.CheckName("inspect", "name", name); err != nil {
-		return leasecore.LeaseState{}, err
-	}
-	if err := leasecore.CheckContext("inspect", ctx); err != nil {
+	if err := leasecore.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	l.mu.Lock()
