@@ -43,7 +43,7 @@ func newStores(t *testing.T, cli *clientv3.Client, prefix string) stores {
 	if s.leases, err = fenceetcd.NewLeaseStore(cli, opt); err != nil {
 		t.Fatal(err)
 	}
-	res, err := fenceetcd.NewResource(cli, opt)
+	res, err := fenceetcd.NewResource(cli, opt, logAll)
 	if err != nil {
 		t.Fatal(err)
 	}

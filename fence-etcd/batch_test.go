@@ -168,7 +168,7 @@ func TestConcurrentBatches(t *testing.T) {
 	var res [2]*fenceetcd.Resource
 	for i := range res {
 		var err error
-		if res[i], err = fenceetcd.NewResource(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix)); err != nil {
+		if res[i], err = fenceetcd.NewResource(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix), logAll); err != nil {
 			t.Fatal(err)
 		}
 	}

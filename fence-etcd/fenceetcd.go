@@ -1,5 +1,6 @@
 // Package fenceetcd provides an etcd v3 lease service that issues fencing
-// tokens (LeaseStore) and an etcd resource that checks them (Resource),
+// tokens (LeaseStore), a fence that checks them inside the caller's own
+// etcd transactions (Fence), and the part store built on it (Resource),
 // implementing the interfaces of package leasecore.
 //
 // # Tokens are revisions
@@ -56,8 +57,17 @@
 //	RenewAll, n names    ceil(n/128) Txn             ceil(n/128) Txn
 //	                     + n keep-alives             + 1 keep-alive per holder and TTL
 //	Close                nothing                     1 Revoke per holder and TTL
-//	Resource.Write       Txn
-//	Resource.WriteBatch  Txn
+//
+// The fence (Fence, and Resource built on it), with the default attempt
+// log; the "first" rows are the first write of a scope or of a new token
+// without Fence.Advance:
+//
+//	Fence.Advance                    Txn
+//	Fence.Commit, floor == token     Txn
+//	Fence.Commit, first              Txn + Txn (advance) + Txn
+//	Fence.Commit, rejected           Txn + Put (its log record; none with LogNone)
+//	Resource.Write, WriteBatch       as Fence.Commit
+//	Fence.Attempts, PruneAttempts    Range, DeleteRange
 //
 // For comparison, etcd's concurrency.Mutex on one concurrency.Session
 // costs a Txn to Lock and a DeleteRange to Unlock, after a Grant and a
@@ -69,13 +79,20 @@
 // record of who held it or with which token. LeaseStore.Inspect then
 // reports the lease as not existing, exactly like a name never acquired.
 //
-// # Resource
+// # The fence and the part store
 //
-// A Resource keeps a floor key per scope, the largest token it accepted,
-// encoded so that byte order is numeric order, and compares it with the
-// token in the same transaction that writes the part: one atomic request,
-// with no window between the check and the write (I3). WriteBatch does the
-// same for several parts at once, all or none.
+// A Fence keeps a floor key per scope, the largest token it let through,
+// encoded so that byte order is numeric order. Its Guard is a compare the
+// caller puts into its own Txn, like concurrency.Mutex.IsOwner; its Commit
+// runs the caller's own transaction (its keys, its compares) nested under
+// that compare, in one atomic request, with no window between the check
+// and the write (I3), and reports accepted or rejected with the floor;
+// Advance raises the floor right after an acquire, cutting off a stale
+// holder before the new one writes anything. Resource, the article's part
+// store, is one user of the fence: a write is a Commit whose transaction
+// puts the part. Which attempts are logged is the caller's choice
+// (WithAttemptLog); reads of the log are bounded by time and count, and old
+// entries can be pruned (Fence.Attempts, Fence.PruneAttempts).
 //
 // # Errors
 //
@@ -107,8 +124,9 @@ const MinTTL = time.Second
 // pkg prefixes the messages of errors from etcd.
 const pkg = "fenceetcd"
 
-// Option configures NewLeaseStore, NewResource and etcdcontrol.New. Make
-// one with WithPrefix or WithSharedLeases.
+// Option configures NewLeaseStore, NewFence, NewResource and
+// etcdcontrol.New. Make one with WithPrefix, WithSharedLeases or
+// WithAttemptLog.
 type Option func(*etcdkv.Options)
 
 // WithPrefix sets the prefix of every key the store writes (default
@@ -141,6 +159,22 @@ func WithPrefix(prefix string) Option {
 // margin of at least TTL/3.
 func WithSharedLeases() Option {
 	return func(o *etcdkv.Options) { o.SharedLeases = true }
+}
+
+// WithAttemptLog sets which fence checks NewFence and NewResource record
+// in the scope's attempt log (default leasecore.LogRejected: an accepted
+// write's own data already says who wrote it under which token). An
+// invalid mode makes the constructor return a *leasecore.ArgError for
+// field "attempt log". NewLeaseStore ignores it (a lease store logs
+// nothing), and so does etcdcontrol.New: the negative controls log every
+// attempt, their log is their evidence.
+//
+// With leasecore.LogAll an accepted check's record is one more Put in the
+// check's own transaction; a rejection's record is a Put after the
+// rejection is known, in every mode but leasecore.LogNone (see
+// Fence.Commit).
+func WithAttemptLog(mode leasecore.AttemptLog) Option {
+	return func(o *etcdkv.Options) { o.AttemptLog = mode }
 }
 
 // options applies opts and validates the result.

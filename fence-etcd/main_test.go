@@ -12,6 +12,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdcontrol"
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // TestMain doubles as the etcd server (etcdtemp re-executes this test
@@ -27,8 +28,12 @@ func TestMain(m *testing.M) {
 	etcdtest.Main(m)
 }
 
+// logAll makes a resource or fence log every attempt, as the conformance
+// harness does: most tests read the whole log.
+var logAll = fenceetcd.WithAttemptLog(leasecore.LogAll)
+
 // fixture is a fresh key prefix on the shared server, a client, and every
-// store on them.
+// store on them; res logs every attempt (logAll).
 type fixture struct {
 	cli      *clientv3.Client
 	prefix   string
@@ -45,7 +50,7 @@ func newFixture(t *testing.T) *fixture {
 	if f.leases, err = fenceetcd.NewLeaseStore(f.cli, opt); err != nil {
 		t.Fatal(err)
 	}
-	if f.res, err = fenceetcd.NewResource(f.cli, opt); err != nil {
+	if f.res, err = fenceetcd.NewResource(f.cli, opt, logAll); err != nil {
 		t.Fatal(err)
 	}
 	if f.controls, err = etcdcontrol.New(f.cli, opt); err != nil {

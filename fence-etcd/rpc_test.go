@@ -126,7 +126,7 @@ func TestRoundTrips(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 		got := rc.take()
-		t.Logf("%-52s %d: %s", what, len(strings.Fields(got)), got)
+		t.Logf("%-56s %d: %s", what, len(strings.Fields(got)), got)
 		if got != want {
 			t.Errorf("%s: calls %q, want %q", what, got, want)
 		}
@@ -173,18 +173,83 @@ func TestRoundTrips(t *testing.T) {
 	step("per-acquire lease: Release", "Txn LeaseRevoke", func() error { return perAcquire.Release(ctx, g2) })
 	step("per-acquire lease: Acquire of a held name (refused)", "LeaseGrant Txn LeaseRevoke Range", held(perAcquire, "shard-0"))
 
-	step("Resource.Write", "Txn", func() error {
-		_, err := res.Write(ctx, leasecore.Write{Scope: "s", Part: "p", Content: "x", Writer: "holder-a", Token: g0.Token})
-		return err
-	})
-	batch := leasecore.Batch{Scope: "s", Writer: "holder-a", Token: g0.Token}
+	// The fence, with the default attempt log (rejections only). A write
+	// whose token equals the floor is one Txn; the first write of a token
+	// fails the guard, advances the floor and sends the guarded Txn again.
+	write := func(scope string, token leasecore.Token, wantAccepted bool) func() error {
+		return func() error {
+			r, err := res.Write(ctx, leasecore.Write{Scope: scope, Part: "p", Content: "x", Writer: "holder-a", Token: token})
+			if err == nil && r.Accepted != wantAccepted {
+				err = fmt.Errorf("token %d: %+v", token, r)
+			}
+			return err
+		}
+	}
+	step("Resource.Write, first of a scope (advances the floor)", "Txn Txn Txn", write("s", g0.Token, true))
+	step("Resource.Write, floor == token", "Txn", write("s", g0.Token, true))
+	step("Resource.Write, new token (advances the floor)", "Txn Txn Txn", write("s", g0.Token+1, true))
+	step("Resource.Write, rejected (logs the rejection after)", "Txn Put", write("s", g0.Token, false))
+	batch := leasecore.Batch{Scope: "s", Writer: "holder-a", Token: g0.Token + 1}
 	for i := range leasecore.MaxBatchParts {
 		batch.Parts = append(batch.Parts, leasecore.PartContent{Part: fmt.Sprintf("part-%02d", i), Content: "x"})
 	}
-	step("Resource.WriteBatch, 64 parts", "Txn", func() error {
+	step("Resource.WriteBatch, 64 parts, floor == token", "Txn", func() error {
 		r, err := res.WriteBatch(ctx, batch)
 		if err == nil && !r.Accepted {
 			err = fmt.Errorf("rejected: %+v", r)
+		}
+		return err
+	})
+
+	fence, err := fenceetcd.NewFence(cli, fenceetcd.WithPrefix(prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quiet, err := fenceetcd.NewFence(cli, fenceetcd.WithPrefix(prefix), fenceetcd.WithAttemptLog(leasecore.LogNone))
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer := leasecore.Claim{Scope: "job", Writer: "holder-b", Token: g0.Token + 2}
+	older := leasecore.Claim{Scope: "job", Writer: "holder-a", Token: g0.Token + 1}
+	own := fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpPut(prefix+"/own/a", "1"), clientv3.OpPut(prefix+"/own/b", "2")}}
+	commit := func(f *fenceetcd.Fence, c leasecore.Claim, wantAccepted bool) func() error {
+		return func() error {
+			r, _, err := f.Commit(ctx, c, own)
+			if err == nil && r.Accepted != wantAccepted {
+				err = fmt.Errorf("token %d: %+v", c.Token, r)
+			}
+			return err
+		}
+	}
+	step("Fence.Advance", "Txn", func() error {
+		r, err := fence.Advance(ctx, newer)
+		if err == nil && !r.Accepted {
+			err = fmt.Errorf("rejected: %+v", r)
+		}
+		return err
+	})
+	step("Fence.Commit after Advance (floor == token)", "Txn", commit(fence, newer, true))
+	step("Fence.Commit, rejected (logs the rejection after)", "Txn Put", commit(fence, older, false))
+	step("Fence.Commit, rejected, LogNone", "Txn", commit(quiet, older, false))
+	step("Fence.Advance, rejected (logs the rejection after)", "Txn Put", func() error {
+		r, err := fence.Advance(ctx, older)
+		if err == nil && r.Accepted {
+			err = fmt.Errorf("accepted: %+v", r)
+		}
+		return err
+	})
+	step("Fence.Commit, first of a scope", "Txn Txn Txn", commit(fence, leasecore.Claim{Scope: "job-2", Writer: "holder-b", Token: newer.Token}, true))
+	step("Fence.Attempts", "Range", func() error {
+		as, err := fence.Attempts(ctx, leasecore.AttemptQuery{Scope: "job", Limit: 100})
+		if err == nil && len(as) != 2 {
+			err = fmt.Errorf("attempts %+v, want the two logged rejections", as)
+		}
+		return err
+	})
+	step("Fence.PruneAttempts", "DeleteRange", func() error {
+		n, err := fence.PruneAttempts(ctx, "job", time.Now())
+		if err == nil && n != 2 {
+			err = fmt.Errorf("pruned %d, want 2", n)
 		}
 		return err
 	})

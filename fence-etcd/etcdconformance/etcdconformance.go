@@ -169,13 +169,13 @@ func LeaseOptions(prefix string, shared bool) []fenceetcd.Option {
 }
 
 // OpenResource implements conformance.Harness: a fenced resource on a new
-// client.
+// client, logging every attempt (the suite reads accepted attempts too).
 func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error) {
 	cli, err := h.dial(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return fenceetcd.NewResource(cli, fenceetcd.WithPrefix(h.prefix))
+	return fenceetcd.NewResource(cli, fenceetcd.WithPrefix(h.prefix), fenceetcd.WithAttemptLog(leasecore.LogAll))
 }
 
 // UnfencedResource implements conformance.NegativeControls.

@@ -81,7 +81,7 @@ func HolderMain() int {
 		var res leasecore.FencedResource
 		switch spec.Kind {
 		case conformance.KindFenced:
-			res, err = fenceetcd.NewResource(cli, prefix)
+			res, err = fenceetcd.NewResource(cli, prefix, fenceetcd.WithAttemptLog(leasecore.LogAll))
 		case conformance.KindUnfenced:
 			var controls *etcdcontrol.Controls
 			if controls, err = etcdcontrol.New(cli, prefix); err == nil {

@@ -27,6 +27,7 @@ package etcdcontrol
 import (
 	"context"
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -122,10 +123,11 @@ func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Atte
 // overwrites the newer one's.
 func (c *Controls) Unfenced() *Resource {
 	return c.resource("unfenced write", func(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+		at := time.Now()
 		floorKey := c.layout.Floor(w.Scope)
 		resp, err := c.kv.Txn(ctx).Then(
 			clientv3.OpPut(c.layout.Part(w.Scope, w.Part), etcdkv.NewPartRecord(w).Encode()),
-			clientv3.OpPut(c.layout.NewAttempt(w.Scope), etcdkv.NewAttemptRecord(w, true, 0).Encode()),
+			clientv3.OpPut(c.layout.NewAttempt(w.Scope, at), etcdkv.NewAttemptRecordAt(w, true, 0, at).Encode()),
 			clientv3.OpGet(floorKey)).Commit()
 		if err != nil {
 			return leasecore.Result{}, err
@@ -174,7 +176,8 @@ func (c *Controls) CheckThenWrite(gap func(ctx context.Context, w leasecore.Writ
 }
 
 func (c *Controls) logAttempt(ctx context.Context, w leasecore.Write, res leasecore.Result) error {
-	_, err := c.kv.Put(ctx, c.layout.NewAttempt(w.Scope), etcdkv.NewAttemptRecord(w, res.Accepted, res.Floor).Encode())
+	at := time.Now()
+	_, err := c.kv.Put(ctx, c.layout.NewAttempt(w.Scope, at), etcdkv.NewAttemptRecordAt(w, res.Accepted, res.Floor, at).Encode())
 	return err
 }
 
@@ -191,17 +194,18 @@ func (c *Controls) logAttempt(ctx context.Context, w leasecore.Write, res leasec
 // holder writes a part the newer holder has not touched.
 func (c *Controls) RowFenced() *Resource {
 	return c.resource("row-fenced write", func(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+		at := time.Now()
 		partToken, floorKey := c.layout.PartToken(w.Scope, w.Part), c.layout.Floor(w.Scope)
-		attempt, enc := c.layout.NewAttempt(w.Scope), etcdkv.EncodeToken(w.Token)
+		attempt, enc := c.layout.NewAttempt(w.Scope, at), etcdkv.EncodeToken(w.Token)
 		resp, err := c.kv.Txn(ctx).
 			If(clientv3.Compare(clientv3.Value(partToken), ">", enc)).
 			Then(
-				clientv3.OpPut(attempt, etcdkv.NewAttemptRecord(w, false, 0).Encode()),
+				clientv3.OpPut(attempt, etcdkv.NewAttemptRecordAt(w, false, 0, at).Encode()),
 				clientv3.OpGet(floorKey)).
 			Else(
 				clientv3.OpPut(partToken, enc),
 				clientv3.OpPut(c.layout.Part(w.Scope, w.Part), etcdkv.NewPartRecord(w).Encode()),
-				clientv3.OpPut(attempt, etcdkv.NewAttemptRecord(w, true, 0).Encode()),
+				clientv3.OpPut(attempt, etcdkv.NewAttemptRecordAt(w, true, 0, at).Encode()),
 				clientv3.OpGet(floorKey)).
 			Commit()
 		if err != nil {
@@ -227,15 +231,16 @@ func (c *Controls) RowFenced() *Resource {
 // the newest — a stale holder that publishes first wins.
 func (c *Controls) IdempotentPublisher() *Resource {
 	r := c.resource("publish", func(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-		pub, floorKey, attempt := c.layout.Published(w.Scope, w.Part), c.layout.Floor(w.Scope), c.layout.NewAttempt(w.Scope)
+		at := time.Now()
+		pub, floorKey, attempt := c.layout.Published(w.Scope, w.Part), c.layout.Floor(w.Scope), c.layout.NewAttempt(w.Scope, at)
 		resp, err := c.kv.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(pub), "=", 0)).
 			Then(
 				clientv3.OpPut(pub, etcdkv.NewPartRecord(w).Encode()),
-				clientv3.OpPut(attempt, etcdkv.NewAttemptRecord(w, true, 0).Encode()),
+				clientv3.OpPut(attempt, etcdkv.NewAttemptRecordAt(w, true, 0, at).Encode()),
 				clientv3.OpGet(floorKey)).
 			Else(
-				clientv3.OpPut(attempt, etcdkv.NewAttemptRecord(w, false, 0).Encode()),
+				clientv3.OpPut(attempt, etcdkv.NewAttemptRecordAt(w, false, 0, at).Encode()),
 				clientv3.OpGet(floorKey)).
 			Commit()
 		if err != nil {

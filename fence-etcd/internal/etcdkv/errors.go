@@ -28,7 +28,12 @@ import (
 //     was written) check for it before calling MapError.
 //   - "request is too large" (rpctypes.ErrRequestTooLarge, or the client's
 //     own "larger than max" send limit) wraps leasecore.ErrInvalidArgument:
-//     the same request will never fit.
+//     the same request will never fit. So do the refusals of a malformed
+//     transaction, which only a caller's own operations can cause
+//     (fenceetcd.Fence.Commit): too many operations (the server's
+//     --max-txn-ops), a key put twice or put and deleted in one branch, an
+//     empty key, an empty operation. etcd refuses such a request before
+//     applying any of it.
 //   - gRPC code Unavailable (no leader, leader changed, server stopped,
 //     request timed out, unhealthy cluster, connection refused or lost),
 //     ResourceExhausted (too many requests, database space exceeded) and
@@ -51,7 +56,11 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 		return fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err)
 	case errors.Is(err, rpctypes.ErrLeaseNotFound), errors.Is(err, rpctypes.ErrGRPCLeaseNotFound):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrLost, err)
-	case errors.Is(err, rpctypes.ErrRequestTooLarge), errors.Is(err, rpctypes.ErrGRPCRequestTooLarge):
+	case errors.Is(err, rpctypes.ErrRequestTooLarge), errors.Is(err, rpctypes.ErrGRPCRequestTooLarge),
+		errors.Is(err, rpctypes.ErrTooManyOps), errors.Is(err, rpctypes.ErrGRPCTooManyOps),
+		errors.Is(err, rpctypes.ErrDuplicateKey), errors.Is(err, rpctypes.ErrGRPCDuplicateKey),
+		errors.Is(err, rpctypes.ErrEmptyKey), errors.Is(err, rpctypes.ErrGRPCEmptyKey),
+		errors.Is(err, rpctypes.ErrKeyNotFound), errors.Is(err, rpctypes.ErrGRPCKeyNotFound):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrInvalidArgument, err)
 	}
 	code, msg := grpcCode(err)

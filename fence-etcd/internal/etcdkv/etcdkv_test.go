@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,12 +87,25 @@ func TestLayout(t *testing.T) {
 		}
 	}
 	// Two scopes whose names share a prefix have disjoint attempt ranges.
-	if a, ab := l.NewAttempt("a"), l.AttemptPrefix("a/b"); strings.HasPrefix(a, ab) || strings.HasPrefix(ab, l.AttemptPrefix("a")) {
+	now := time.Now()
+	if a, ab := l.NewAttempt("a", now), l.AttemptPrefix("a/b"); strings.HasPrefix(a, ab) || strings.HasPrefix(ab, l.AttemptPrefix("a")) {
 		t.Errorf("attempt ranges of a and a/b overlap: %q, %q", a, ab)
 	}
-	k1, k2 := l.NewAttempt("s"), l.NewAttempt("s")
-	if k1 == k2 || len(k1) != len("/p/attempt/s/")+16 || !strings.HasPrefix(k1, "/p/attempt/s/") {
-		t.Errorf("attempt keys %q, %q: want distinct /p/attempt/s/<16 hex>", k1, k2)
+	// Attempt keys: time-ordered, distinct within one nanosecond.
+	at := time.Unix(1700000000, 5)
+	k1, k2 := l.NewAttempt("s", at), l.NewAttempt("s", at)
+	if k1 == k2 || !regexp.MustCompile(`^/p/attempt/s/01700000000000000005-[0-9a-f]{8}$`).MatchString(k1) {
+		t.Errorf("attempt keys %q, %q: want distinct /p/attempt/s/<20-digit ns>-<8 hex>", k1, k2)
+	}
+	if bound := l.AttemptsAt("s", at); !strings.HasPrefix(k1, bound) || !(bound < k1) ||
+		!(l.NewAttempt("s", at.Add(-1)) < bound) || !(k1 < l.AttemptsAt("s", at.Add(1))) {
+		t.Errorf("attempt key %q is not bounded by AttemptsAt %q", k1, bound)
+	}
+	if got := l.AttemptsAt("s", time.Time{}); got != "/p/attempt/s/00000000000000000000" {
+		t.Errorf("AttemptsAt(zero time) = %q", got)
+	}
+	if got := l.Fenced(); strings.Join(got, " ") != "/p/floor/ /p/attempt/" {
+		t.Errorf("Fenced() = %q", got)
 	}
 }
 
@@ -153,6 +167,11 @@ func TestMapError(t *testing.T) {
 		{"gRPC lease not found", live, rpctypes.ErrGRPCLeaseNotFound, leasecore.ErrLost},
 		{"request too large", live, rpctypes.ErrRequestTooLarge, leasecore.ErrInvalidArgument},
 		{"gRPC request too large", live, rpctypes.ErrGRPCRequestTooLarge, leasecore.ErrInvalidArgument},
+		{"too many operations", live, rpctypes.ErrTooManyOps, leasecore.ErrInvalidArgument},
+		{"gRPC too many operations", live, rpctypes.ErrGRPCTooManyOps, leasecore.ErrInvalidArgument},
+		{"duplicate key", live, rpctypes.ErrDuplicateKey, leasecore.ErrInvalidArgument},
+		{"empty key", live, rpctypes.ErrEmptyKey, leasecore.ErrInvalidArgument},
+		{"empty operation", live, rpctypes.ErrGRPCKeyNotFound, leasecore.ErrInvalidArgument},
 		{"client send limit", live, status.Error(codes.ResourceExhausted, "grpc: trying to send message larger than max (3 vs. 2)"), leasecore.ErrInvalidArgument},
 		{"context canceled kept", live, fmt.Errorf("x: %w", context.Canceled), context.Canceled},
 		{"context deadline kept", live, context.DeadlineExceeded, context.DeadlineExceeded},
@@ -217,10 +236,18 @@ func TestRecordsRoundTrip(t *testing.T) {
 	if got := strings.Join(a.PartNames(), ","); got != "p" {
 		t.Fatalf("single attempt's parts: %q", got)
 	}
-	for _, bad := range []string{`{"writer":"w","token":1}`, `{"part":"p","parts":["q"],"writer":"w","token":1}`} {
+	for _, bad := range []string{`{"part":"p","parts":["q"],"writer":"w","token":1}`, `"x"`} {
 		if _, err := DecodeAttempt("k", []byte(bad)); err == nil {
 			t.Errorf("DecodeAttempt(%s): no error", bad)
 		}
+	}
+	// A check of the fence alone names no part: one attempt with Part "".
+	c := leasecore.Claim{Scope: "s", Writer: "holder-a", Token: 4}
+	enc = NewClaimAttemptRecord(c, false, 6, at).Encode()
+	ca, err := DecodeAttempt("k", []byte(enc))
+	if err != nil || len(ca.PartNames()) != 1 || ca.PartNames()[0] != "" || ca.Accepted || ca.Floor != 6 ||
+		ca.Token != 4 || strings.Contains(enc, "part") {
+		t.Fatalf("claim attempt round trip: %s -> %+v, %v", enc, ca, err)
 	}
 	if _, err := DecodePart("k", []byte("00000000000000000005")); err == nil || !strings.Contains(err.Error(), `"k"`) {
 		t.Fatalf("decoding a non-record: %v", err)

@@ -3,8 +3,10 @@ package etcdkv
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -19,6 +21,9 @@ type Options struct {
 	// SharedLeases is fenceetcd.WithSharedLeases: only NewLeaseStore reads
 	// it.
 	SharedLeases bool
+	// AttemptLog is fenceetcd.WithAttemptLog: only NewFence and
+	// NewResource read it.
+	AttemptLog leasecore.AttemptLog
 }
 
 // NewOptions returns the defaults.
@@ -29,7 +34,8 @@ func NewOptions() Options { return Options{Prefix: DefaultPrefix} }
 //	<prefix>/lease/<name>                  value: holder; attached to the etcd lease
 //	<prefix>/floor/<scope>                 value: the scope's floor, EncodeToken
 //	<prefix>/part/<scope>/<part>           value: PartRecord (JSON)
-//	<prefix>/attempt/<scope>/<16 hex>      value: AttemptRecord (JSON)
+//	<prefix>/attempt/<scope>/<20-digit unix ns>-<8 hex>
+//	                                       value: AttemptRecord (JSON)
 //	<prefix>/parttoken/<scope>/<part>      value: EncodeToken (etcdcontrol's row fence only)
 //	<prefix>/published/<scope>/<part>      value: PartRecord (etcdcontrol's publisher only)
 //
@@ -41,10 +47,14 @@ type Layout struct {
 	prefix string
 }
 
-// NewLayout validates opts.Prefix (see CheckPrefix; op names the caller in
-// the error) and returns its layout.
+// NewLayout validates opts (the prefix, see CheckPrefix, and the attempt
+// log mode; op names the caller in the error) and returns the prefix's
+// layout.
 func NewLayout(op string, opts Options) (Layout, error) {
 	if err := CheckPrefix(op, opts.Prefix); err != nil {
+		return Layout{}, err
+	}
+	if err := leasecore.CheckAttemptLog(op, opts.AttemptLog); err != nil {
 		return Layout{}, err
 	}
 	return Layout{prefix: opts.Prefix}, nil
@@ -85,13 +95,34 @@ func (l Layout) Part(scope, part string) string { return l.key("part", scope, pa
 // AttemptPrefix is the prefix of scope's attempt keys, "/" included.
 func (l Layout) AttemptPrefix(scope string) string { return l.key("attempt", scope) + "/" }
 
-// NewAttempt returns a fresh attempt key of scope: 64 random bits, so
-// writers never coordinate. The write log is ordered by the keys'
-// revisions, not by their names.
-func (l Layout) NewAttempt(scope string) string {
-	var b [8]byte
+// NewAttempt returns a fresh attempt key of scope for an attempt made at
+// at: the time as 20-digit zero-padded Unix nanoseconds, so that byte order
+// is time order and a range of keys is a span of time (AttemptsAt), then 32
+// random bits, so writers never coordinate and two attempts of one
+// nanosecond still get two keys. The time is the writer's clock.
+func (l Layout) NewAttempt(scope string, at time.Time) string {
+	var b [4]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
-	return l.AttemptPrefix(scope) + hex.EncodeToString(b[:])
+	return l.AttemptsAt(scope, at) + "-" + hex.EncodeToString(b[:])
+}
+
+// AttemptsAt is the first key of scope's attempt log that can hold an
+// attempt made at t or later: the bound of a read from t on, or of a prune
+// of everything before t. A t before 1970 is 1970 (no attempt is older);
+// the encoding holds times up to the year 2262 (time.Time.UnixNano).
+func (l Layout) AttemptsAt(scope string, t time.Time) string {
+	ns := int64(0)
+	if t.After(time.Unix(0, 0)) {
+		ns = t.UnixNano()
+	}
+	return fmt.Sprintf("%s%0*d", l.AttemptPrefix(scope), tokenDigits, ns)
+}
+
+// Fenced are the prefixes of the keys a fence owns, floors and attempt
+// logs: a caller's transaction run under the fence must not write there
+// (fenceetcd.Fence.Commit refuses it).
+func (l Layout) Fenced() []string {
+	return []string{l.prefix + "/floor/", l.prefix + "/attempt/"}
 }
 
 // PartToken is the key of the row-fenced control's per-part token.

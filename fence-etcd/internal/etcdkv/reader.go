@@ -83,12 +83,15 @@ func (r Reader) readPart(ctx context.Context, scope, part, key string) (leasecor
 }
 
 // Attempts implements leasecore.ResourceReader: one range read of the
-// scope's attempt keys, sorted by modification revision (each key is
-// written once, in the transaction of its attempt), oldest first. A batch's
-// key becomes one attempt per part, in the batch's order. An
-// attempt whose record carries no floor did not change it and gets the
-// floor after the previous attempt (see AttemptRecord.Floor); 0 before the
-// first.
+// scope's whole attempt log, sorted by modification revision (each key is
+// written once), oldest first: the order in which etcd stored the records.
+// That is etcd's order of application for accepted attempts, whose records
+// commit with their writes; a rejection's record is stored after the
+// rejection is known (fenceetcd.Fence.Commit), so it can follow records of
+// later attempts. A batch's key becomes one attempt per part, in the
+// batch's order. An attempt whose record carries no floor (the negative
+// controls') gets the floor after the previous attempt (see
+// AttemptRecord.Floor); 0 before the first.
 func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	const op = "attempts"
 	if err := CheckRead(ctx, op, scope); err != nil {
@@ -99,12 +102,24 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 	if err != nil {
 		return nil, MapError(ctx, r.Pkg, op, err)
 	}
-	out := make([]leasecore.Attempt, 0, len(resp.Kvs))
+	out, err := DecodeAttempts(scope, resp.Kvs, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+	}
+	return out, nil
+}
+
+// DecodeAttempts decodes attempt keys of scope, in the order given, into
+// attempts, a batch's key into one attempt per part; at most limit of them
+// when limit > 0. A record without a floor gets the floor of the record
+// before it (0 for the first).
+func DecodeAttempts(scope string, kvs []*mvccpb.KeyValue, limit int) ([]leasecore.Attempt, error) {
+	out := make([]leasecore.Attempt, 0, len(kvs))
 	var floor leasecore.Token
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		rec, err := DecodeAttempt(string(kv.Key), kv.Value)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+			return nil, err
 		}
 		if rec.Floor != 0 {
 			floor = leasecore.Token(rec.Floor)
@@ -112,6 +127,9 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 		// A batch's record stands for one attempt per part, in the
 		// batch's order, all with the same outcome.
 		for _, part := range rec.PartNames() {
+			if limit > 0 && len(out) == limit {
+				return out, nil
+			}
 			out = append(out, leasecore.Attempt{Scope: scope, Part: part, Writer: rec.Writer,
 				Token: leasecore.Token(rec.Token), Accepted: rec.Accepted, Floor: floor, At: rec.At})
 		}

@@ -55,18 +55,21 @@ func DecodePart(key string, value []byte) (PartRecord, error) {
 	return p, nil
 }
 
-// AttemptRecord is the value of an attempt key: one write attempt,
-// accepted or rejected, written in the same transaction as the write it
-// records (or, for a rejection, instead of it).
+// AttemptRecord is the value of an attempt key: one fence check, accepted
+// or rejected. An accepted check's record is written in the same
+// transaction as the write it records; a rejection's is written by a Put
+// after the rejection is known (fenceetcd.Fence.Commit), or, by the negative
+// controls, in the transaction that decided it.
 //
-// A single write's record names its part in Part. A batch's record
-// (fenceetcd.Resource.WriteBatch) names all its parts, in the batch's
-// order, in Parts instead, and Part is empty: the batch is one attempt of
-// all or none of its parts, and one key per batch keeps its transaction
-// inside etcd's limit of operations per transaction (128 by default) —
-// a floor, 64 parts and 64 attempt keys would need 129. Reader.Attempts
+// A check of the fence alone (fenceetcd.Fence.Advance, or Fence.Commit of
+// the caller's own transaction) names no part: Part and Parts are empty. A
+// write of the part store names its part in Part. A batch's record
+// (fenceetcd.Resource.WriteBatch) names all its parts, in the batch's order,
+// in Parts instead, and Part is empty: the batch is one attempt of all or
+// none of its parts, and one key per batch keeps its transaction inside
+// etcd's limit of operations per transaction (128 by default). Reader.Attempts
 // expands such a record into one leasecore.Attempt per part, so readers see
-// one entry per part, as on PostgreSQL. Exactly one of Part and Parts is
+// one entry per part, as on PostgreSQL. At most one of Part and Parts is
 // set.
 type AttemptRecord struct {
 	Part     string   `json:"part,omitempty"`
@@ -74,27 +77,37 @@ type AttemptRecord struct {
 	Writer   string   `json:"writer"`
 	Token    uint64   `json:"token"`
 	Accepted bool     `json:"accepted"`
-	// Floor is the scope's floor after the attempt, when the writer knew it
-	// while building its transaction: an accepted fenced write sets the
-	// floor to its own token. It is omitted when the writer could not know
-	// it — an etcd transaction cannot copy one key's value into another, so
-	// a fenced rejection (floor above the token, value unknown to the
-	// client) or a control that leaves the floor alone writes no floor. Such
-	// an attempt did not change the floor, so Reader.Attempts reports the
-	// floor after the previous attempt of the scope; for the fenced resource
-	// that is exact, since every change of its floor is logged, with the new
-	// floor, in the transaction that makes it.
+	// Floor is the scope's floor after the attempt: the token itself when
+	// accepted, the larger floor that beat it when rejected. Every record
+	// of fenceetcd's Fence and Resource carries it. It is omitted when the
+	// writer could not know it, which only the negative controls do: an
+	// etcd transaction cannot copy one key's value into another, and a
+	// control logs its attempt in the transaction that decides it. Such an
+	// attempt did not change the floor, so Reader.Attempts reports the floor
+	// after the previous attempt of the scope.
 	Floor uint64 `json:"floor,omitempty"`
-	// At is the writer's clock when it built the request. For display
-	// only: the log's order is the keys' revisions.
+	// At is the writer's clock when the attempt began; the attempt's key
+	// carries the same time (Layout.NewAttempt). For display and for
+	// bounding reads and prunes: it is not etcd's order of application.
 	At time.Time `json:"at"`
 }
 
 // NewAttemptRecord returns the record of w's attempt, stamped with the local
 // clock. floor is 0 when unknown (see AttemptRecord.Floor).
 func NewAttemptRecord(w leasecore.Write, accepted bool, floor leasecore.Token) AttemptRecord {
+	return NewAttemptRecordAt(w, accepted, floor, time.Now())
+}
+
+// NewAttemptRecordAt returns the record of w's attempt, stamped with at.
+func NewAttemptRecordAt(w leasecore.Write, accepted bool, floor leasecore.Token, at time.Time) AttemptRecord {
 	return AttemptRecord{Part: w.Part, Writer: w.Writer, Token: uint64(w.Token), Accepted: accepted,
-		Floor: uint64(floor), At: time.Now().UTC()}
+		Floor: uint64(floor), At: at.UTC()}
+}
+
+// NewClaimAttemptRecord returns the record of a check of the fence alone:
+// no part.
+func NewClaimAttemptRecord(c leasecore.Claim, accepted bool, floor leasecore.Token, at time.Time) AttemptRecord {
+	return AttemptRecord{Writer: c.Writer, Token: uint64(c.Token), Accepted: accepted, Floor: uint64(floor), At: at.UTC()}
 }
 
 // NewBatchAttemptRecord returns the record of batch b's attempt: one record
@@ -112,7 +125,7 @@ func NewBatchAttemptRecord(b leasecore.Batch, accepted bool, floor leasecore.Tok
 func (a AttemptRecord) Encode() string { return mustJSON(a) }
 
 // PartNames returns the parts the record stands for: Part for a single
-// write, Parts for a batch.
+// write (empty for a check of the fence alone), Parts for a batch.
 func (a AttemptRecord) PartNames() []string {
 	if len(a.Parts) > 0 {
 		return a.Parts
@@ -120,15 +133,15 @@ func (a AttemptRecord) PartNames() []string {
 	return []string{a.Part}
 }
 
-// DecodeAttempt parses the value of an attempt key. A record must name
-// exactly one of part and parts.
+// DecodeAttempt parses the value of an attempt key. A record names at most
+// one of part and parts.
 func DecodeAttempt(key string, value []byte) (AttemptRecord, error) {
 	var a AttemptRecord
 	if err := json.Unmarshal(value, &a); err != nil {
 		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: %w", key, err)
 	}
-	if (a.Part == "") == (len(a.Parts) == 0) {
-		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: it must name exactly one of part and parts", key)
+	if a.Part != "" && len(a.Parts) > 0 {
+		return AttemptRecord{}, fmt.Errorf("key %q does not hold an attempt record: it names both part and parts", key)
 	}
 	return a, nil
 }

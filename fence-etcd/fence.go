@@ -1,0 +1,382 @@
+package fenceetcd
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// Fence is the fence over a scope's floor on etcd, for the caller's own
+// keys: the compare a caller puts into its own Txn (Guard), the operation
+// that raises the floor to a new holder's token (Advance), and a commit of
+// the caller's transaction under the fence that reports accepted or
+// rejected with the floor (Commit). It never reads a lease key: it decides
+// from the floor only, so any lease backend's tokens can fence it. It is
+// safe for concurrent use. Resource, the part store, is built on it.
+//
+// Keys, under the prefix set by WithPrefix (the same layout as Resource's,
+// so a Fence and a Resource with one prefix share their floors), each name
+// escaped with url.PathEscape:
+//
+//	<prefix>/floor/<scope>                         the floor, a 20-digit zero-padded decimal
+//	<prefix>/attempt/<scope>/<20-digit ns>-<8 hex> JSON {writer, token, accepted, floor, at}
+//
+// # Why I3 holds
+//
+// The floor of a scope is the largest token the fence has let through. It
+// only moves up: the only request that writes it is Advance's, which puts
+// the token only when the floor is not above it (or absent). A guarded
+// transaction never writes the floor; it commits the caller's operations
+// only when the floor equals the claim's token at the moment etcd applies
+// it. etcd applies a Txn — its compares and the branch they select — as one
+// atomic step of its serial apply loop, so no other request falls between
+// the compare and the caller's writes. Hence once a token T has been
+// accepted (the floor became T), a smaller token t can never again find
+// the floor equal to t, and nothing it sends is applied. A caller's
+// operations may not write the fence's own keys (Commit refuses them).
+//
+// # Round trips
+//
+// Counted as gRPC calls; TestRoundTrips checks them:
+//
+//	Commit, floor == token (the same holder again)   Txn
+//	Commit, floor absent or below the token          Txn + Txn (advance) + Txn
+//	Commit, rejected                                  Txn (+ Put of its log record)
+//	Advance                                           Txn (+ Put of the log record of a rejection)
+//	Attempts                                          Range
+//	PruneAttempts                                     DeleteRange
+//
+// A new holder calls Advance once right after it acquires; its Commits then
+// take the one-request path. A rejection's record is a Put after the
+// rejection is known, in every log mode but leasecore.LogNone, so that it
+// carries the floor that beat it (an etcd Txn cannot copy one key's value
+// into another).
+type Fence struct {
+	kv     clientv3.KV
+	layout etcdkv.Layout
+	log    leasecore.AttemptLog
+}
+
+// NewFence returns a fence on cli, with keys under the prefix set by
+// WithPrefix and the attempt log set by WithAttemptLog (default
+// leasecore.LogRejected). A nil cli, an invalid prefix or an invalid log
+// mode returns a *leasecore.ArgError. The caller keeps ownership of cli and
+// closes it.
+func NewFence(cli *clientv3.Client, opts ...Option) (*Fence, error) {
+	const op = "new fence"
+	if cli == nil {
+		return nil, &leasecore.ArgError{Op: op, Field: "client", Reason: "must not be nil"}
+	}
+	o, l, err := options(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Fence{kv: cli.KV, layout: l, log: o.AttemptLog}, nil
+}
+
+// Txn is the caller's own transaction, run by Commit under the fence:
+// If(If...).Then(Then...).Else(Else...), with the caller's keys, compares
+// and branches, exactly as with clientv3.Txn.
+//
+// Commit nests it in its guarded transaction (clientv3.OpTxn), so the
+// caller's compares decide between Then and Else on their own, whatever
+// the fence decides. etcd's limit of operations per transaction
+// (--max-txn-ops, 128 by default) applies to the nested transaction minus
+// the fence's own operations in the outer one: 2 with leasecore.LogAll, 1
+// otherwise, so 126 or 127 operations per branch by default. etcd refuses
+// a request over the limit as a whole (Commit returns an error wrapping
+// leasecore.ErrInvalidArgument and nothing is written).
+type Txn struct {
+	If   []clientv3.Cmp
+	Then []clientv3.Op
+	Else []clientv3.Op
+}
+
+// Guard returns the compare "the floor of c.Scope equals c.Token", for the
+// caller's own clientv3.Txn().If(...): the fence as a value that composes
+// with the caller's keys, like concurrency.Mutex.IsOwner.
+//
+// It holds only when the floor already equals the token: after Advance
+// with this claim, or after an earlier accepted Commit of the same holding
+// period. It fails for a scope without a floor (etcd fails every value
+// compare on a missing key), for a larger floor (a newer holder took
+// over) and for a smaller one (Advance was not called). A failing Guard
+// does not say which: use Commit, which tells them apart, advances the
+// floor when the token is newer, and returns the floor that rejected it.
+//
+// Guard validates nothing (it returns no error), but a claim Commit or
+// Advance would refuse never holds: no floor key for an invalid scope is
+// ever written, and no floor is 0. A transaction guarded by hand writes no
+// attempt log.
+func (f *Fence) Guard(c leasecore.Claim) clientv3.Cmp {
+	return clientv3.Compare(clientv3.Value(f.layout.Floor(c.Scope)), "=", etcdkv.EncodeToken(c.Token))
+}
+
+// Advance raises the floor of c.Scope to c.Token without writing any data,
+// in one transaction:
+//
+//	If(Value(floor) > enc(c.Token)) Then(Get(floor)) Else(Put(floor, enc(c.Token)))
+//
+// (The compare is inverted so that a scope without a floor, on which etcd
+// fails every value compare, takes the accepting branch.) It is accepted
+// when the floor was at most c.Token, and the floor is then c.Token; it is
+// rejected when the floor is larger, and Result.Floor is that floor. A
+// rejection is a Result, not an error.
+//
+// A new holder calls it right after acquiring: from then on a stale holder
+// of the scope is cut off, also before the new holder's first data write,
+// and the new holder's Guard holds.
+//
+// With leasecore.LogAll an accepted Advance logs its attempt in the same
+// transaction; a rejection is logged after it (not with leasecore.LogNone).
+// If only that log record fails, Advance returns the rejection's Result
+// together with the error.
+func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "advance"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	at := time.Now()
+	key := f.layout.NewAttempt(c.Scope, at)
+	var logAccepted []clientv3.Op
+	if f.log == leasecore.LogAll {
+		logAccepted = append(logAccepted, clientv3.OpPut(key, etcdkv.NewClaimAttemptRecord(c, true, c.Token, at).Encode()))
+	}
+	res, err := f.advance(ctx, op, c, logAccepted...)
+	if err != nil || res.Accepted {
+		return res, err
+	}
+	return res, f.logRejection(ctx, op, key, etcdkv.NewClaimAttemptRecord(c, false, res.Floor, at))
+}
+
+// Commit runs the caller's transaction t under the fence for claim c and
+// reports whether the fence let it through. In the common case, when the
+// floor already equals c.Token, it is one request:
+//
+//	If(Guard(c))
+//	Then(OpTxn(t.If, t.Then, t.Else) [, Put(attempt) with leasecore.LogAll])
+//	Else(Get(floor))
+//
+// Accepted: the caller's transaction was applied, atomically with the
+// fence's compare, and the returned response is its own (Succeeded says
+// which of its branches ran; Responses are its operations' answers).
+// Rejected: nothing of t was applied, the response is nil, and
+// Result.Floor is the larger floor that beat c.Token. A rejection is a
+// Result, not an error.
+//
+// When the guard fails, the floor read in the same request decides: above
+// c.Token, the claim is rejected; absent or below it (the first write of a
+// scope, or of a new holder that did not call Advance), Commit advances
+// the floor as Advance does and sends the guarded transaction once more —
+// three requests — which fails only if a newer token advanced the floor in
+// between (rejected). See Fence for why I3 holds.
+//
+// t must not write the fence's keys (floors and attempt logs under the
+// prefix); such a t, like bad claims and a done context, returns a
+// *leasecore.ArgError before anything is sent. A transaction etcd refuses
+// as malformed or too large returns an error wrapping
+// leasecore.ErrInvalidArgument, and nothing is written.
+//
+// The attempt is logged as WithAttemptLog says: with leasecore.LogAll an
+// accepted attempt's record commits with t; a rejection's record (every
+// mode but leasecore.LogNone) is a Put after the rejection is known. If
+// only that Put fails, Commit returns the rejection's Result together with
+// the error.
+func (f *Fence) Commit(ctx context.Context, c leasecore.Claim, t Txn) (leasecore.Result, *clientv3.TxnResponse, error) {
+	const op = "commit"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, nil, err
+	}
+	if err := f.checkTxn(op, t); err != nil {
+		return leasecore.Result{}, nil, err
+	}
+	at := time.Now()
+	return f.commit(ctx, op, c, t, at, func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
+		return etcdkv.NewClaimAttemptRecord(c, accepted, floor, at)
+	})
+}
+
+// recordFunc builds the log record of an attempt once its outcome and the
+// floor after it are known.
+type recordFunc func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord
+
+// commit is Commit after validation, for Commit and Resource: at is the
+// attempt's time (its log key), record its log record.
+func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn, at time.Time,
+	record recordFunc) (leasecore.Result, *clientv3.TxnResponse, error) {
+	floorKey, attemptKey := f.layout.Floor(c.Scope), f.layout.NewAttempt(c.Scope, at)
+	then := []clientv3.Op{clientv3.OpTxn(t.If, t.Then, t.Else)}
+	if f.log == leasecore.LogAll {
+		then = append(then, clientv3.OpPut(attemptKey, record(true, c.Token).Encode()))
+	}
+	guard := f.Guard(c)
+	for advanced := false; ; advanced = true {
+		resp, err := f.kv.Txn(ctx).If(guard).Then(then...).Else(clientv3.OpGet(floorKey)).Commit()
+		if err != nil {
+			return leasecore.Result{}, nil, etcdkv.MapError(ctx, pkg, op, err)
+		}
+		if resp.Succeeded {
+			inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
+			if inner.Header == nil {
+				inner.Header = resp.Header // a nested response carries none
+			}
+			return leasecore.Result{Accepted: true, Floor: c.Token}, inner, nil
+		}
+		floor, err := etcdkv.FloorOf(resp.Responses[0].GetResponseRange().Kvs)
+		if err != nil {
+			return leasecore.Result{}, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
+		}
+		if floor > c.Token {
+			res := leasecore.Result{Floor: floor}
+			return res, nil, f.logRejection(ctx, op, attemptKey, record(false, floor))
+		}
+		if advanced {
+			// The floor was at least c.Token after our Advance and only
+			// Advance writes it: someone wrote it outside the fence.
+			return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
+				"key %q was written outside the fence", pkg, op, c.Scope, floor, c.Token, floorKey)
+		}
+		res, err := f.advance(ctx, op, c)
+		if err != nil {
+			return leasecore.Result{}, nil, err
+		}
+		if !res.Accepted {
+			return res, nil, f.logRejection(ctx, op, attemptKey, record(false, res.Floor))
+		}
+	}
+}
+
+// advance raises the floor of c.Scope to c.Token unless it is larger, in
+// one transaction, with extra (the accepted attempt's log record) in the
+// accepting branch.
+func (f *Fence) advance(ctx context.Context, op string, c leasecore.Claim, extra ...clientv3.Op) (leasecore.Result, error) {
+	floorKey, enc := f.layout.Floor(c.Scope), etcdkv.EncodeToken(c.Token)
+	resp, err := f.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.Value(floorKey), ">", enc)).
+		Then(clientv3.OpGet(floorKey)).
+		Else(append([]clientv3.Op{clientv3.OpPut(floorKey, enc)}, extra...)...).
+		Commit()
+	if err != nil {
+		return leasecore.Result{}, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	if !resp.Succeeded {
+		return leasecore.Result{Accepted: true, Floor: c.Token}, nil
+	}
+	floor, err := etcdkv.FloorOf(resp.Responses[0].GetResponseRange().Kvs)
+	if err != nil {
+		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	return leasecore.Result{Floor: floor}, nil
+}
+
+// logRejection stores a rejected attempt's record, unless the log is off.
+func (f *Fence) logRejection(ctx context.Context, op, key string, rec etcdkv.AttemptRecord) error {
+	if f.log == leasecore.LogNone {
+		return nil
+	}
+	if _, err := f.kv.Put(ctx, key, rec.Encode()); err != nil {
+		return etcdkv.MapError(ctx, pkg, op+": log the rejected attempt", err)
+	}
+	return nil
+}
+
+// checkTxn refuses a caller's transaction that writes (puts, or deletes a
+// range that reaches) a key the fence owns: a floor written outside
+// Advance could move down, and I3 would be gone.
+func (f *Fence) checkTxn(op string, t Txn) error {
+	if err := f.checkWrites(op, "then", t.Then); err != nil {
+		return err
+	}
+	return f.checkWrites(op, "else", t.Else)
+}
+
+func (f *Fence) checkWrites(op, field string, ops []clientv3.Op) error {
+	for i, o := range ops {
+		name := field + "[" + strconv.Itoa(i) + "]"
+		switch {
+		case o.IsTxn():
+			_, then, els := o.Txn()
+			if err := f.checkWrites(op, name+".then", then); err != nil {
+				return err
+			}
+			if err := f.checkWrites(op, name+".else", els); err != nil {
+				return err
+			}
+		case o.IsPut(), o.IsDelete():
+			key, end := string(o.KeyBytes()), string(o.RangeBytes())
+			for _, p := range f.layout.Fenced() {
+				if reaches(key, end, p) {
+					return &leasecore.ArgError{Op: op, Field: name, Value: strconv.Quote(key),
+						Reason: "writes a key of the fence (" + p + "...): only the fence may write floors and attempt logs"}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// reaches reports whether the key range [key, end) of a put or delete
+// (end "": the key alone; end "\x00": every key from key on) holds a key
+// with prefix p.
+func reaches(key, end, p string) bool {
+	pEnd := clientv3.GetPrefixRangeEnd(p)
+	switch end {
+	case "":
+		return strings.HasPrefix(key, p)
+	case "\x00":
+		return key < pEnd
+	}
+	return key < pEnd && end > p
+}
+
+// Attempts returns entries of the scope's attempt log at or after q.Since
+// (the zero time: from the first), oldest first, at most q.Limit, with one
+// range read. The order and the bound are the attempts' times, which are
+// the writers' clocks when they began (the keys carry them): across
+// writers whose clocks differ it need not be etcd's order of application.
+// A batch of Resource.WriteBatch counts as one entry per part. Bad input
+// returns a *leasecore.ArgError before anything is sent.
+func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
+	const op = "attempts"
+	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+		return nil, err
+	}
+	end := clientv3.GetPrefixRangeEnd(f.layout.AttemptPrefix(q.Scope))
+	resp, err := f.kv.Get(ctx, f.layout.AttemptsAt(q.Scope, q.Since), clientv3.WithRange(end),
+		clientv3.WithLimit(int64(q.Limit)))
+	if err != nil {
+		return nil, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	out, err := etcdkv.DecodeAttempts(q.Scope, resp.Kvs, q.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	return out, nil
+}
+
+// PruneAttempts deletes the entries of the scope's attempt log made before
+// before (by their writers' clocks, see Attempts) with one DeleteRange and
+// returns how many keys it deleted (a batch's entry is one key). before
+// must be set and not in the future; bad input returns a
+// *leasecore.ArgError before anything is sent. Floors are never pruned.
+func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
+	const op = "prune attempts"
+	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+		return 0, err
+	}
+	if err := leasecore.CheckPruneBefore(ctx, op, before); err != nil {
+		return 0, err
+	}
+	resp, err := f.kv.Delete(ctx, f.layout.AttemptPrefix(scope), clientv3.WithRange(f.layout.AttemptsAt(scope, before)))
+	if err != nil {
+		return 0, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	return resp.Deleted, nil
+}
