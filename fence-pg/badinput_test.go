@@ -46,7 +46,7 @@ func newStores(t *testing.T, lease, res pgopen.Pool) stores {
 	if s.leases, err = lease.LeaseStore(); err != nil {
 		t.Fatal(err)
 	}
-	if s.res, err = res.Resource(); err != nil {
+	if s.res, err = res.Resource(fencepg.WithAttemptLog(leasecore.LogAll)); err != nil {
 		t.Fatal(err)
 	}
 	if s.controls, err = res.Controls(); err != nil {

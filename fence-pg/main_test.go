@@ -16,6 +16,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // TestMain doubles as the holder process of F4 and F5: the conformance
@@ -61,7 +62,7 @@ func newFixture(t *testing.T, driver string) *fixture {
 	if f.leases, err = f.leasePool.LeaseStore(); err != nil {
 		t.Fatal(err)
 	}
-	if f.res, err = f.resPool.Resource(); err != nil {
+	if f.res, err = f.resPool.Resource(fencepg.WithAttemptLog(leasecore.LogAll)); err != nil {
 		t.Fatal(err)
 	}
 	if f.controls, err = f.resPool.Controls(); err != nil {

@@ -27,5 +27,5 @@ func (s *LeaseStore) Migrate(ctx context.Context) error {
 // idempotent, and two processes running it at once serialise on an
 // advisory lock inside its transaction.
 func (r *Resource) Migrate(ctx context.Context) error {
-	return pgstore.Migrate(ctx, r.db, pkg, resourceSchema)
+	return r.fence.Migrate(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -14,14 +15,14 @@ import (
 )
 
 // Resource is a fenced resource on the resource database: report parts
-// grouped in scopes, a floor per scope (the largest token accepted), and a
-// log of every write attempt (leasecore.FencedResource, I3). It also
-// implements leasecore.ResourceReader. It never sees the lease database.
-// It is safe for concurrent use.
+// grouped in scopes, written under the scope fence of Fence
+// (leasecore.FencedResource, I3) — the part store is one user of the same
+// check that callers run on their own rows. It also implements
+// leasecore.BatchWriter and leasecore.ResourceReader. It never sees the
+// lease database. It is safe for concurrent use.
 type Resource struct {
-	db   dbx.DB
-	read pgstore.Reader
-	gap  func(context.Context, leasecore.Write) error
+	fence *Fence
+	read  pgstore.Reader
 }
 
 var (
@@ -30,50 +31,53 @@ var (
 	_ leasecore.ResourceReader = (*Resource)(nil)
 )
 
-// ResourceOption configures NewResource and NewResourceDB.
-type ResourceOption func(*Resource)
-
 // WithCommitGap is a TEST HOOK; production code never sets it. With it,
 // Write runs BEGIN; the fence statement; gap(ctx, w); COMMIT, so the write
 // holds the scope's floor row lock while gap runs and a test can show a
 // second writer of the scope waiting for it (SPEC F6b). If gap returns an
 // error, the write is rolled back and Write returns that error (wrapped).
-// Without it, Write runs the fence statement alone in autocommit.
-func WithCommitGap(gap func(ctx context.Context, w leasecore.Write) error) ResourceOption {
-	return func(r *Resource) { r.gap = gap }
+// Without it, Write runs the fence statement alone in autocommit. A Fence
+// ignores it.
+func WithCommitGap(gap func(ctx context.Context, w leasecore.Write) error) Option {
+	return func(c *config) { c.gap = gap }
 }
 
 // NewResource returns a fenced resource on a pgx pool connected to the
-// resource database. A nil pool returns a *leasecore.ArgError. The caller
-// keeps ownership of the pool and closes it.
-func NewResource(pool *pgxpool.Pool, opts ...ResourceOption) (*Resource, error) {
-	if pool == nil {
-		return nil, &leasecore.ArgError{Op: "new resource", Field: "pool", Reason: "must not be nil"}
+// resource database. Options: WithAttemptLog (the default logs rejected
+// writes only: an accepted write's part row already says who wrote it with
+// which token). A nil pool or an invalid option returns a
+// *leasecore.ArgError. The caller keeps ownership of the pool and closes
+// it.
+func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
+	f, err := NewFence(pool, opts...)
+	if err != nil {
+		return nil, renameOp(err, "new resource")
 	}
-	return newResource(dbx.FromPool(pool), opts), nil
+	return &Resource{fence: f, read: pgstore.Reader{DB: f.db, Pkg: pkg}}, nil
 }
 
 // NewResourceDB is NewResource for a database/sql pool (lib/pq, or pgx's
 // stdlib driver). A nil db returns a *leasecore.ArgError.
-func NewResourceDB(db *sql.DB, opts ...ResourceOption) (*Resource, error) {
-	if db == nil {
-		return nil, &leasecore.ArgError{Op: "new resource", Field: "db", Reason: "must not be nil"}
+func NewResourceDB(db *sql.DB, opts ...Option) (*Resource, error) {
+	f, err := NewFenceDB(db, opts...)
+	if err != nil {
+		return nil, renameOp(err, "new resource")
 	}
-	return newResource(dbx.FromSQL(db), opts), nil
+	return &Resource{fence: f, read: pgstore.Reader{DB: f.db, Pkg: pkg}}, nil
 }
 
-func newResource(db dbx.DB, opts []ResourceOption) *Resource {
-	r := &Resource{db: db, read: pgstore.Reader{DB: db, Pkg: pkg}}
-	for _, o := range opts {
-		o(r)
+// renameOp makes a constructor's argument error name the constructor the
+// caller called.
+func renameOp(err error, op string) error {
+	if ae := (*leasecore.ArgError)(nil); errors.As(err, &ae) {
+		ae.Op = op
 	}
-	return r
+	return err
 }
 
 // Write implements leasecore.FencedResource with one statement (see
-// FencedWrite in internal/pgsql): it advances the scope's floor to w.Token
-// unless the floor is higher, stores the content only if the floor then
-// equals w.Token, and logs the attempt in write_attempt — all committed
+// FencedWrite in internal/pgsql): Fence's check, the part stored only when
+// it accepts, and the attempt logged as WithAttemptLog says — all committed
 // together. It accepts w.Token >= floor (an equal token is the same holding
 // period writing again) and rejects anything lower, whichever part it
 // targets; a rejection is a Result, not an error. Concurrent writers of one
@@ -84,18 +88,20 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
+	c := leasecore.ClaimOf(w)
+	args := append(r.fence.args(c, true), w.Part, w.Content)
 	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
 		var floor int64
-		err := q.QueryRow(ctx, pgsql.FencedWrite, pgstore.WriteArgs(w)...).Scan(&floor)
+		err := q.QueryRow(ctx, pgsql.FencedWrite, args...).Scan(&floor)
 		return floor, err
 	})
 }
 
 // WriteBatch implements leasecore.BatchWriter with one statement (see
 // FencedWriteBatch in internal/pgsql): one floor comparison for the whole
-// batch, every part stored or none, one commit, one write_attempt row per
-// part. Writing summary and detail this way costs one round trip and one
-// commit instead of two.
+// batch, every part stored or none, one commit, and (as WithAttemptLog
+// says) one write_attempt row per part. Writing summary and detail this way
+// costs one round trip and one commit instead of two.
 func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
 	const op = "write batch"
 	if err := leasecore.CheckBatch(ctx, b); err != nil {
@@ -113,32 +119,36 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 	if err != nil {
 		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
+	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token}
+	args := append(r.fence.args(c, true), string(parts))
 	// The commit gap sees the batch as a write of its first part.
 	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token}
 	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
 		var floor int64
-		err := q.QueryRow(ctx, pgsql.FencedWriteBatch, b.Scope, b.Writer, int64(b.Token), string(parts)).Scan(&floor)
+		err := q.QueryRow(ctx, pgsql.FencedWriteBatch, args...).Scan(&floor)
 		return floor, err
 	})
 }
 
 // run executes a fence statement that returns the floor it left: alone in
 // autocommit, or, with the commit-gap test hook, inside a transaction that
-// stays open while the hook runs.
+// stays open while the hook runs. The statement logs its own attempt,
+// rejected ones included: it commits whatever the outcome.
 func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, stmt func(dbx.Querier) (int64, error)) (res leasecore.Result, err error) {
 	// The statement stored the parts exactly when the floor it left equals
 	// our token.
 	result := func(floor int64) leasecore.Result {
 		return leasecore.Result{Accepted: leasecore.Token(floor) == w.Token, Floor: leasecore.Token(floor)}
 	}
-	if r.gap == nil {
-		floor, err := stmt(r.db)
+	gap := r.fence.cfg.gap
+	if gap == nil {
+		floor, err := stmt(r.fence.db)
 		if err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}
 		return result(floor), nil
 	}
-	tx, err := r.db.Begin(ctx)
+	tx, err := r.fence.db.Begin(ctx)
 	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -152,7 +162,7 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, stmt f
 	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
-	if err = r.gap(ctx, w); err != nil {
+	if err = gap(ctx, w); err != nil {
 		return leasecore.Result{}, fmt.Errorf("%s: %s: commit gap: %w", pkg, op, err)
 	}
 	if err = tx.Commit(ctx); err != nil {

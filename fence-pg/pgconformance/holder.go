@@ -92,7 +92,7 @@ func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformanc
 	}()
 	switch kind {
 	case conformance.KindFenced:
-		res, err = pool.Resource()
+		res, err = pool.Resource(logAll)
 	case conformance.KindUnfenced:
 		var controls *pgcontrol.Controls
 		if controls, err = pool.Controls(); err == nil {

@@ -71,6 +71,11 @@ func New(cfg Config) conformance.NewHarness {
 
 const pkg = "pgconformance"
 
+// logAll makes the fenced resources log every attempt, accepted or not: the
+// suite reads the whole log (F4: exactly one rejected attempt by A), and the
+// lab prints it.
+var logAll = fencepg.WithAttemptLog(leasecore.LogAll)
+
 // Pool sizes. A lease client has exactly one connection, so that 16 clients
 // racing behind the suite's barrier are 16 sessions on the server.
 // Resources get a few: F6b runs a write that holds its transaction open
@@ -179,7 +184,7 @@ func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error
 	if err != nil {
 		return nil, err
 	}
-	return c.Resource()
+	return c.Resource(logAll)
 }
 
 // FencedResourceWithGap implements conformance.CommitGapResources with
@@ -189,7 +194,7 @@ func (h *harness) FencedResourceWithGap(ctx context.Context, gap conformance.Gap
 	if err != nil {
 		return nil, err
 	}
-	return c.Resource(fencepg.WithCommitGap(gap))
+	return c.Resource(logAll, fencepg.WithCommitGap(gap))
 }
 
 // LockWaits implements conformance.LockWaitProbe from pg_stat_activity: the

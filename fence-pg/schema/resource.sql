@@ -33,3 +33,15 @@ CREATE TABLE IF NOT EXISTS write_attempt (
   attempted_at timestamptz NOT NULL DEFAULT clock_timestamp(),
   PRIMARY KEY (scope, id)
 );
+
+-- Raised by the pipeline form of the fence check (fencepg.Fence.SendBatch)
+-- when the token is below the floor: the error aborts the pipeline's
+-- implicit transaction, so none of the caller's statements after it takes
+-- effect. SQLSTATE LF001; DETAIL is the floor that beat the token.
+CREATE OR REPLACE FUNCTION fence_reject(scope text, token bigint, floor bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'leasefence: token % of scope % is below the floor %', token, scope, floor
+    USING ERRCODE = 'LF001', DETAIL = floor::text;
+END
+$$;

@@ -1,66 +1,112 @@
 package pgsql
 
-// FencedWrite is the scope-level fence: one statement that advances the
-// floor of scope $1 to token $5 unless it is already higher, writes content
-// $3 of part $2 by writer $4 only if the floor now equals $5, and logs the
-// attempt, accepted or not. It returns the floor after the attempt;
-// accepted ⇔ floor = $5.
+// The scope fence. Every statement below that writes under a token is
+// built from fenceCTEs, so the part store (fencepg.Resource) and callers
+// fencing their own rows (fencepg.Fence) run the very same check.
 //
-// Why this is safe:
-//   - Atomic: one statement, so the floor advance, the data write and the
-//     write_attempt row commit together (or not at all), and a rejected
-//     attempt is logged in the same round trip.
-//   - Writers of one scope queue on the floor row: INSERT ... ON CONFLICT
-//     DO UPDATE locks the conflicting row until the transaction ends, and
-//     it does so even when GREATEST leaves the value unchanged (the row is
-//     still updated). The data write below happens while the lock is held,
-//     so data writes of a scope are serialised in floor order.
-//   - A writer that waited sees the advanced floor: under Read Committed,
-//     ON CONFLICT DO UPDATE acts on the latest committed version of the
-//     conflicting row, not on the statement's snapshot (PostgreSQL docs:
-//     INSERT, "ON CONFLICT DO UPDATE"; §13.2.1). So GREATEST compares with
-//     the floor the previous writer committed.
-//   - A scope seen for the first time takes the INSERT branch. Two
-//     concurrent first writes of one scope cannot both insert: the second
-//     waits on the unique index for the first to commit, then takes the
-//     UPDATE branch against the committed row.
+// Parameters shared by all of them: $1 scope, $2 token, $3 writer, $4 log
+// an accepted attempt, $5 log a rejected attempt.
 //
-// All sub-statements see one snapshot, so part and attempt read the floor
-// from floor's RETURNING, never from the table.
-const FencedWrite = `WITH floor AS (
-  INSERT INTO fence_floor AS f (scope, max_token) VALUES ($1, $5)
+// fenceCTEs leaves in "floor" exactly one row, the scope's floor after the
+// check; accepted ⇔ floor = $2. Why it is safe (PostgreSQL docs §13.2.1,
+// "Read Committed Isolation Level", and the INSERT page, "ON CONFLICT
+// Clause"):
+//
+//   - same, the common case: the floor already equals the token (the same
+//     holding period wrote before, or advanced the floor). FOR SHARE locks
+//     the row without writing a new version of it. If another transaction
+//     updated or locked the row after this statement's snapshot was taken,
+//     the lock waits for it to end and re-evaluates the WHERE clause on the
+//     newest version of the row, so a floor moved past the token is not
+//     matched.
+//   - raised, every other case: INSERT ... ON CONFLICT DO UPDATE acts on
+//     the latest committed version of the row, not on the snapshot, locks
+//     it for update even when GREATEST leaves the value as it is, and
+//     returns the value it left. A scope seen for the first time takes the
+//     INSERT branch; two concurrent first writers cannot both insert: the
+//     second waits on the primary key for the first to commit, then takes
+//     the UPDATE branch against the committed row.
+//   - Either way the transaction holds a lock on the floor row until it
+//     ends, and the two locks conflict where they must: a writer that
+//     raises the floor (update lock) waits for every transaction that
+//     holds it in share mode, and is waited for by every later one. So the
+//     data written under token t commits before the floor passes t, and
+//     every writer that locks the row after the floor passed t sees it and
+//     is rejected (I3). Writers with an equal token share the lock: they
+//     are one holding period.
+//
+// All sub-statements see one snapshot, so later CTEs read the floor from
+// "floor", never from the table.
+const fenceCTEs = `same AS (
+  SELECT max_token FROM fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE
+), raised AS (
+  INSERT INTO fence_floor AS f (scope, max_token)
+  SELECT $1::text, $2::bigint WHERE NOT EXISTS (SELECT FROM same)
   ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
   RETURNING f.max_token
-), part AS (
-  INSERT INTO report_part AS p (scope, part, content, writer, token)
-  SELECT $1::text, $2::text, $3::text, $4::text, $5::bigint FROM floor WHERE floor.max_token = $5
-  ` + upsertPart + `
-), attempt AS (
+), floor AS (
+  SELECT max_token FROM same UNION ALL SELECT max_token FROM raised
+)`
+
+// logAttempt logs the check (of part <part>) in write_attempt when $4
+// (accepted) or $5 (rejected) says so.
+func logAttempt(part string) string {
+	return `attempt AS (
   INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
-  SELECT $1::text, $2::text, $4::text, $5::bigint, floor.max_token = $5, floor.max_token FROM floor
-)
+  SELECT $1::text, ` + part + `, $3::text, $2::bigint, floor.max_token = $2::bigint, floor.max_token FROM floor
+  WHERE CASE WHEN floor.max_token = $2::bigint THEN $4::boolean ELSE $5::boolean END
+)`
+}
+
+// FenceCheck is the check a caller runs inside its own transaction
+// (fencepg.Fence.Check). It returns the floor; accepted ⇔ floor = $2.
+// After a rejection the caller rolls back, which would take a rejected
+// attempt's log entry with it: callers pass $5 = false and log it with
+// LogAttempt on a connection of its own.
+var FenceCheck = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
 SELECT max_token FROM floor`
 
-// FencedWriteBatch is FencedWrite for several parts of scope $1 by writer
-// $2 under token $3: one floor comparison, then every part of $4 (a JSON
-// array of {"part", "content"}) stored, or none, and one write_attempt row
-// per part. The same locking argument as FencedWrite applies: one
-// statement, one commit, the floor row locked throughout. The parts travel
-// as one JSON text parameter so that every driver can send them (arrays
-// need driver-specific encoding).
-const FencedWriteBatch = `WITH floor AS (
-  INSERT INTO fence_floor AS f (scope, max_token) VALUES ($1, $3)
-  ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
-  RETURNING f.max_token
-), input AS (
-  SELECT * FROM json_to_recordset($4::json) AS i(part text, content text)
+// FenceCheckOrRaise is FenceCheck for a pipeline (fencepg.Fence.SendBatch):
+// a rejection raises SQLSTATE RejectedState through fence_reject (see the
+// schema), which aborts the pipeline's implicit transaction, so none of the
+// caller's statements queued after it takes effect.
+var FenceCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
+SELECT CASE WHEN max_token = $2::bigint THEN max_token
+            ELSE fence_reject($1::text, $2::bigint, max_token) END FROM floor`
+
+// RejectedState is the SQLSTATE fence_reject raises. Its DETAIL is the
+// floor that beat the token.
+const RejectedState = "LF001"
+
+// FenceAdvance raises the floor without writing data, in autocommit, and
+// logs the attempt as $4/$5 say (fencepg.Fence.Advance).
+var FenceAdvance = FenceCheck
+
+// FencedWrite is the part store's write: the fence, then part $6 with
+// content $7 stored only when accepted, and the attempt logged, all in one
+// statement and one commit.
+var FencedWrite = `WITH ` + fenceCTEs + `, part AS (
+  INSERT INTO report_part AS p (scope, part, content, writer, token)
+  SELECT $1::text, $6::text, $7::text, $3::text, $2::bigint FROM floor WHERE floor.max_token = $2::bigint
+  ` + upsertPart + `
+), ` + logAttempt(`$6::text`) + `
+SELECT max_token FROM floor`
+
+// FencedWriteBatch is FencedWrite for several parts: $6 is a JSON array of
+// {"part", "content"}; one floor comparison, every part stored or none, one
+// write_attempt row per part. The parts travel as one JSON text parameter
+// so that every driver can send them (arrays need driver-specific
+// encoding).
+var FencedWriteBatch = `WITH ` + fenceCTEs + `, input AS (
+  SELECT * FROM json_to_recordset($6::json) AS i(part text, content text)
 ), part AS (
   INSERT INTO report_part AS p (scope, part, content, writer, token)
-  SELECT $1::text, input.part, input.content, $2::text, $3::bigint FROM floor, input WHERE floor.max_token = $3
+  SELECT $1::text, input.part, input.content, $3::text, $2::bigint FROM floor, input WHERE floor.max_token = $2::bigint
   ` + upsertPart + `
 ), attempt AS (
   INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
-  SELECT $1::text, input.part, $2::text, $3::bigint, floor.max_token = $3, floor.max_token FROM floor, input
+  SELECT $1::text, input.part, $3::text, $2::bigint, floor.max_token = $2::bigint, floor.max_token FROM floor, input
+  WHERE CASE WHEN floor.max_token = $2::bigint THEN $4::boolean ELSE $5::boolean END
 )
 SELECT max_token FROM floor`
 
@@ -79,3 +125,11 @@ const ReadPart = `SELECT content, writer, token, written_at FROM report_part WHE
 // Attempts returns the write log of scope $1, oldest first.
 const Attempts = `SELECT part, writer, token, accepted, floor, attempted_at
   FROM write_attempt WHERE scope = $1 ORDER BY id`
+
+// AttemptsSince returns at most $3 entries of the write log of scope $1
+// logged at or after $2, oldest first.
+const AttemptsSince = `SELECT part, writer, token, accepted, floor, attempted_at
+  FROM write_attempt WHERE scope = $1::text AND attempted_at >= $2::timestamptz ORDER BY id LIMIT $3::int`
+
+// PruneAttempts deletes the entries of scope $1 logged before $2.
+const PruneAttempts = `DELETE FROM write_attempt WHERE scope = $1::text AND attempted_at < $2::timestamptz`

@@ -67,7 +67,21 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 	if err := checkRead(ctx, op, scope); err != nil {
 		return nil, err
 	}
-	rows, err := r.DB.Query(ctx, pgsql.Attempts, scope)
+	return r.attempts(ctx, op, scope, pgsql.Attempts, scope)
+}
+
+// AttemptsSince reads at most q.Limit entries of q.Scope's log logged at or
+// after q.Since, oldest first.
+func (r Reader) AttemptsSince(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
+	const op = "attempts"
+	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+		return nil, err
+	}
+	return r.attempts(ctx, op, q.Scope, pgsql.AttemptsSince, q.Scope, q.Since, q.Limit)
+}
+
+func (r Reader) attempts(ctx context.Context, op, scope, query string, args ...any) ([]leasecore.Attempt, error) {
+	rows, err := r.DB.Query(ctx, query, args...)
 	if err != nil {
 		return nil, MapError(ctx, r.Pkg, op, err)
 	}

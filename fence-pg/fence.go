@@ -1,0 +1,526 @@
+package fencepg
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// Fence is the scope fence over the floor table of one database, for the
+// caller's own data: it checks a leasecore.Claim inside the caller's
+// transaction, the same transaction that writes the caller's rows, so the
+// rows commit only if the claim's token is not below the largest token the
+// scope has accepted (I3), and a stale holder's transaction is rejected
+// whole. The caller's tables and the fence's tables (fence_floor,
+// write_attempt) must be in the same database.
+//
+// Four ways to use it, from the most control to the least:
+//
+//   - Check (pgx) or CheckTx (database/sql) inside a transaction the
+//     caller began and commits;
+//   - RunTx (pgx) or RunSQLTx (database/sql): begin, check, run the
+//     caller's function only when accepted, commit;
+//   - SendBatch (pgx): the check and the caller's statements in one
+//     pipeline, one round trip, one implicit transaction;
+//   - Advance: raise the floor without writing, so a new holder cuts the
+//     old one off right after it acquires.
+//
+// A rejection is a leasecore.Result with Accepted false and the floor that
+// beat the token, never an error. Errors wrap leasecore's sentinels as
+// described in the package documentation.
+//
+// The check needs Read Committed, PostgreSQL's default isolation level: it
+// relies on a blocked lock re-reading the newest version of the floor row
+// (PostgreSQL docs §13.2.1). RunTx and RunSQLTx begin their transactions
+// at that level.
+//
+// A Fence is safe for concurrent use.
+type Fence struct {
+	db  dbx.DB        // Advance, the rejection log, reads, RunSQLTx
+	pgx *pgxpool.Pool // RunTx; nil for a Fence made by NewFenceDB
+	sql *sql.DB       // RunSQLTx; nil for a Fence made by NewFence
+	cfg config
+}
+
+// Defaults of the timeouts RunTx, RunSQLTx and SendBatch set for their own
+// transactions (see WithTimeouts).
+const (
+	// DefaultIdleInTransactionTimeout bounds how long a fenced transaction
+	// may sit idle between two of its statements. A holder frozen inside
+	// its transaction (a GC pause, SIGSTOP) holds the floor row's lock, and
+	// every newer writer of the scope queues behind it; after this long the
+	// server ends the frozen holder's session, its transaction rolls back,
+	// and the queue moves on.
+	DefaultIdleInTransactionTimeout = 5 * time.Second
+	// DefaultLockTimeout bounds how long the check waits for the floor
+	// row's lock. It is longer than DefaultIdleInTransactionTimeout, so a
+	// writer queued behind a frozen holder outlasts it.
+	DefaultLockTimeout = 10 * time.Second
+)
+
+// Option configures NewFence, NewFenceDB, NewResource and NewResourceDB.
+type Option func(*config)
+
+// ResourceOption is the former name of Option.
+type ResourceOption = Option
+
+type config struct {
+	log             leasecore.AttemptLog
+	lockTimeout     time.Duration
+	idleInTxTimeout time.Duration
+	gap             func(context.Context, leasecore.Write) error
+}
+
+func newConfig(op string, opts []Option) (config, error) {
+	c := config{log: leasecore.LogRejected, lockTimeout: DefaultLockTimeout, idleInTxTimeout: DefaultIdleInTransactionTimeout}
+	for _, o := range opts {
+		o(&c)
+	}
+	if err := leasecore.CheckAttemptLog(op, c.log); err != nil {
+		return config{}, err
+	}
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"lock timeout", c.lockTimeout}, {"idle in transaction timeout", c.idleInTxTimeout}} {
+		if d.v < 0 || (d.v > 0 && d.v < time.Millisecond) {
+			return config{}, &leasecore.ArgError{Op: op, Field: d.field, Value: d.v.String(),
+				Reason: "must be 0 (the server's setting) or at least 1ms"}
+		}
+	}
+	return c, nil
+}
+
+// WithAttemptLog sets which checks are recorded in write_attempt:
+// leasecore.LogRejected (the default), leasecore.LogAll or
+// leasecore.LogNone. An accepted check's entry commits with the caller's
+// transaction; a rejected check's entry is written on a connection of the
+// Fence's own pool, so it stays when the caller rolls back.
+func WithAttemptLog(m leasecore.AttemptLog) Option {
+	return func(c *config) { c.log = m }
+}
+
+// WithTimeouts sets the lock_timeout and idle_in_transaction_session_timeout
+// that RunTx, RunSQLTx and SendBatch set, with SET LOCAL semantics, for
+// their own transactions (defaults DefaultLockTimeout and
+// DefaultIdleInTransactionTimeout). Zero leaves the server's setting.
+// Check and CheckTx run in the caller's transaction and set nothing.
+func WithTimeouts(lock, idleInTransaction time.Duration) Option {
+	return func(c *config) { c.lockTimeout, c.idleInTxTimeout = lock, idleInTransaction }
+}
+
+// NewFence returns the fence of the database pool is connected to. The
+// pool also serves Advance, the log of rejected checks, the reads and
+// RunTx. A nil pool or an invalid option returns a *leasecore.ArgError.
+// The caller keeps ownership of the pool and closes it. Run Migrate once
+// before use.
+func NewFence(pool *pgxpool.Pool, opts ...Option) (*Fence, error) {
+	const op = "new fence"
+	if pool == nil {
+		return nil, &leasecore.ArgError{Op: op, Field: "pool", Reason: "must not be nil"}
+	}
+	cfg, err := newConfig(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Fence{db: dbx.FromPool(pool), pgx: pool, cfg: cfg}, nil
+}
+
+// NewFenceDB is NewFence for a database/sql pool (lib/pq, or pgx's stdlib
+// driver).
+func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
+	const op = "new fence"
+	if db == nil {
+		return nil, &leasecore.ArgError{Op: op, Field: "db", Reason: "must not be nil"}
+	}
+	cfg, err := newConfig(op, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Fence{db: dbx.FromSQL(db), sql: db, cfg: cfg}, nil
+}
+
+// Migrate creates the fence's tables (and the part store's) if they do not
+// exist; see Resource.Migrate.
+func (f *Fence) Migrate(ctx context.Context) error {
+	return pgstore.Migrate(ctx, f.db, pkg, resourceSchema)
+}
+
+// Querier is what Check needs from a pgx transaction: pgx.Tx, *pgx.Conn,
+// *pgxpool.Conn and *pgxpool.Tx all have it.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Check runs the fence check for c inside the caller's open transaction
+// tx: it locks the scope's floor row until tx ends, compares c.Token with
+// the floor, raises the floor when the token is newer, and reports the
+// outcome. Accepted: write the rows and commit. Rejected (Result.Floor is
+// the larger token that beat c.Token): roll back, and do not write.
+//
+// It is one statement and one round trip. Run it before the rows are
+// written: rows written before it could be the stale holder's (they would
+// commit only if the check accepts, but the lock would then be taken late,
+// after rows other writers may be waiting on). Run it in a Read Committed
+// transaction (the default).
+//
+// A rejection is logged (unless the Fence's log is LogNone) on a
+// connection of the Fence's own pool, so the entry stays after tx rolls
+// back. The pool needs a free connection for it while tx still holds one:
+// give the Fence a pool that the caller's transactions cannot exhaust, or
+// use RunTx, which returns its connection before it logs. If logging
+// fails, Check returns the rejection together with an error; roll back
+// either way.
+func (f *Fence) Check(ctx context.Context, tx Querier, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "check"
+	if tx == nil {
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	return f.check(ctx, op, c, func(args []any) (int64, error) {
+		var floor int64
+		err := tx.QueryRow(ctx, pgsql.FenceCheck, args...).Scan(&floor)
+		return floor, err
+	})
+}
+
+// CheckTx is Check for a database/sql transaction.
+func (f *Fence) CheckTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "check"
+	if tx == nil {
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	return f.check(ctx, op, c, func(args []any) (int64, error) {
+		var floor int64
+		err := tx.QueryRowContext(ctx, pgsql.FenceCheck, args...).Scan(&floor)
+		return floor, err
+	})
+}
+
+// check validates c, runs stmt with the check's parameters, and logs a
+// rejection on the Fence's own pool.
+func (f *Fence) check(ctx context.Context, op string, c leasecore.Claim, stmt func(args []any) (int64, error)) (leasecore.Result, error) {
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	// A rejected entry written inside the caller's transaction would be
+	// rolled back with it: rejections are logged by logRejected instead.
+	floor, err := stmt(f.args(c, false))
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return f.outcome(ctx, op, c, floor)
+}
+
+// args are the parameters $1..$5 every fence statement takes. logRejected
+// is false for a statement in a transaction the caller may roll back.
+func (f *Fence) args(c leasecore.Claim, logRejected bool) []any {
+	return []any{c.Scope, int64(c.Token), c.Writer, f.cfg.log == leasecore.LogAll,
+		logRejected && f.cfg.log != leasecore.LogNone}
+}
+
+// outcome turns the floor a check left into a Result, logging a rejection.
+func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor int64) (leasecore.Result, error) {
+	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
+	if !res.Accepted {
+		return res, f.logRejected(ctx, op, c, "", res.Floor)
+	}
+	return res, nil
+}
+
+// logRejected records a rejected check in autocommit on the Fence's pool.
+// It runs even when ctx ended, so that a rejection is not lost because the
+// caller gave up right after it.
+func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, part string, floor leasecore.Token) error {
+	if f.cfg.log == leasecore.LogNone {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, err := f.db.Exec(ctx, pgsql.LogAttempt, c.Scope, part, c.Writer, int64(c.Token), false, int64(floor))
+	if err != nil {
+		return pgstore.MapError(ctx, pkg, op+": log the rejection", err)
+	}
+	return nil
+}
+
+// RunTx begins a Read Committed transaction on the Fence's pgx pool, sets
+// its lock and idle timeouts (WithTimeouts), runs the check for c, and
+// then:
+//
+//   - rejected: rolls back without calling fn and returns the rejection;
+//   - accepted: calls fn with the transaction; if fn returns an error (or
+//     panics), rolls back and returns that error unchanged; otherwise
+//     commits and returns the acceptance.
+//
+// BEGIN, the timeouts and the check travel in one round trip. fn must not
+// commit or roll back tx itself.
+//
+// A holder frozen inside fn holds the scope's floor lock; a newer writer's
+// check waits behind it. After the idle-in-transaction timeout (5 s by
+// default) the server ends the frozen holder's session and rolls its
+// transaction back: none of its rows appear, the newer writer goes on, and
+// the frozen holder, when it wakes, gets an error wrapping
+// leasecore.ErrUnavailable from its next statement or from the commit. A
+// writer that waits longer than the lock timeout (10 s) gets an error
+// wrapping leasecore.ErrUnavailable and may retry.
+//
+// A Fence made by NewFenceDB returns an error wrapping
+// leasecore.ErrInvalidArgument: use RunSQLTx.
+func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (res leasecore.Result, err error) {
+	const op = "run tx"
+	if err := f.checkRun(ctx, op, c, fn == nil, f.pgx == nil, "RunSQLTx"); err != nil {
+		return leasecore.Result{}, err
+	}
+	conn, err := f.pgx.Acquire(ctx)
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			conn.Release()
+		}
+	}
+	defer release()
+
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	f.queueTimeouts(b)
+	var floor int64
+	b.Queue(pgsql.FenceCheck, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	finished := false
+	defer func() {
+		if !finished {
+			// Not ctx: it may be why we are rolling back.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err := br.Close(); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	if leasecore.Token(floor) != c.Token {
+		finished = true
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		// Give the connection back before logging: the log needs one of
+		// the pool's, and with every connection held by a rejected writer
+		// waiting for another the pool would never free one.
+		release()
+		return f.outcome(ctx, op, c, floor)
+	}
+	if err := fn(tx); err != nil {
+		return leasecore.Result{}, err
+	}
+	finished = true
+	if err := tx.Commit(ctx); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+	}
+	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
+}
+
+// RunSQLTx is RunTx for database/sql: BEGIN, the timeouts and the check
+// are three round trips (database/sql sends BEGIN on its own). A Fence made
+// by NewFence returns an error wrapping leasecore.ErrInvalidArgument: use
+// RunTx.
+func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
+	const op = "run sql tx"
+	if err := f.checkRun(ctx, op, c, fn == nil, f.sql == nil, "RunTx"); err != nil {
+		return leasecore.Result{}, err
+	}
+	tx, err := f.sql.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			_ = tx.Rollback()
+		}
+	}()
+	if s := f.timeoutSettings(); s != "" {
+		// No arguments: lib/pq sends the simple protocol, which takes
+		// several statements in one request.
+		if _, err := tx.ExecContext(ctx, s); err != nil {
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		}
+	}
+	var floor int64
+	if err := tx.QueryRowContext(ctx, pgsql.FenceCheck, f.args(c, false)...).Scan(&floor); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	if leasecore.Token(floor) != c.Token {
+		finished = true
+		_ = tx.Rollback()
+		return f.outcome(ctx, op, c, floor)
+	}
+	if err := fn(tx); err != nil {
+		return leasecore.Result{}, err
+	}
+	finished = true
+	if err := tx.Commit(); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+	}
+	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
+}
+
+func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return err
+	}
+	if nilFn {
+		return &leasecore.ArgError{Op: op, Field: "fn", Reason: "must not be nil"}
+	}
+	if wrongPool {
+		return &leasecore.ArgError{Op: op, Field: "fence", Reason: "was made on the other kind of pool: use " + other}
+	}
+	return nil
+}
+
+// timeoutSettings is the SET LOCAL script of the configured timeouts, empty
+// when both are left to the server.
+func (f *Fence) timeoutSettings() string {
+	s := ""
+	if d := f.cfg.lockTimeout; d > 0 {
+		s += "SET LOCAL lock_timeout = " + strconv.FormatInt(d.Milliseconds(), 10) + ";"
+	}
+	if d := f.cfg.idleInTxTimeout; d > 0 {
+		s += "SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(d.Milliseconds(), 10) + ";"
+	}
+	return s
+}
+
+// queueTimeouts queues the configured timeouts as one statement. In a
+// pipeline every statement goes through the extended protocol, which takes
+// one statement at a time, so set_config (is_local = true: until the
+// transaction ends) replaces the SET LOCAL script.
+func (f *Fence) queueTimeouts(b *pgx.Batch) {
+	if f.cfg.lockTimeout == 0 && f.cfg.idleInTxTimeout == 0 {
+		return
+	}
+	setting := func(name string, d time.Duration) string {
+		if d == 0 {
+			return "current_setting('" + name + "')"
+		}
+		return "'" + strconv.FormatInt(d.Milliseconds(), 10) + "'"
+	}
+	b.Queue("SELECT set_config('lock_timeout', " + setting("lock_timeout", f.cfg.lockTimeout) +
+		", true), set_config('idle_in_transaction_session_timeout', " +
+		setting("idle_in_transaction_session_timeout", f.cfg.idleInTxTimeout) + ", true)")
+}
+
+// BatchSender sends a pgx.Batch: *pgxpool.Pool, *pgx.Conn, *pgxpool.Conn
+// and pgx.Tx all do.
+type BatchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// SendBatch sends the check for c and then the statements of b as one
+// pipeline on s: one round trip. Sent outside an explicit transaction (on
+// a pool or a connection) the pipeline runs as one implicit transaction,
+// so when the check rejects c it raises an error that aborts the whole
+// pipeline: none of b's statements takes effect, and SendBatch returns the
+// rejection as a Result (logged like Check's), not as an error. Sent on a
+// pgx.Tx, a rejection aborts that transaction: roll it back.
+//
+// b must not begin or end a transaction itself (no Batch.BeginTx, no
+// BEGIN or COMMIT statements: they would end the implicit transaction
+// early); b's callbacks (QueuedQuery.Exec, Query, QueryRow) run as usual.
+// An error from one of b's statements is returned as it is (wrapped), and
+// nothing of the pipeline took effect. The batch is consumed: send it once.
+func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
+	const op = "send batch"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	switch {
+	case s == nil:
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "sender", Reason: "must not be nil"}
+	case b == nil:
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "batch", Reason: "must not be nil"}
+	}
+	pipe := &pgx.Batch{}
+	f.queueTimeouts(pipe)
+	var floor int64
+	pipe.Queue(pgsql.FenceCheckOrRaise, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	pipe.QueuedQueries = append(pipe.QueuedQueries, b.QueuedQueries...)
+	err := s.SendBatch(ctx, pipe).Close()
+	if floor, ok := rejectedFloor(err); ok {
+		return f.outcome(ctx, op, c, floor)
+	}
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return leasecore.Result{Accepted: true, Floor: leasecore.Token(floor)}, nil
+}
+
+// rejectedFloor recognises fence_reject's error and returns the floor it
+// carries in its DETAIL.
+func rejectedFloor(err error) (int64, bool) {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != pgsql.RejectedState {
+		return 0, false
+	}
+	n, perr := strconv.ParseInt(pgErr.Detail, 10, 64)
+	return n, perr == nil
+}
+
+// Advance raises the scope's floor to c.Token without writing data: one
+// statement in autocommit. A new holder calls it right after it acquires,
+// so a stale holder is rejected from then on, also for parts or rows the
+// new holder has not written yet. Accepted when the floor was at most
+// c.Token (it now equals it); rejected, changing nothing, when a newer
+// token already passed. Logged as the Fence's attempt log says.
+func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "advance"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	var floor int64
+	if err := f.db.QueryRow(ctx, pgsql.FenceAdvance, f.args(c, true)...).Scan(&floor); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}, nil
+}
+
+// Floor returns the scope's floor, 0 when the scope never accepted a
+// check.
+func (f *Fence) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	return pgstore.Reader{DB: f.db, Pkg: pkg}.Floor(ctx, scope)
+}
+
+// Attempts returns entries of the attempt log of q.Scope logged at or
+// after q.Since (by the database clock), oldest first, at most q.Limit.
+// A check's entry has an empty Part.
+func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
+	return pgstore.Reader{DB: f.db, Pkg: pkg}.AttemptsSince(ctx, q)
+}
+
+// PruneAttempts deletes the entries of scope's attempt log logged before
+// before (by the database clock) and returns how many it deleted.
+func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
+	const op = "prune attempts"
+	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+		return 0, err
+	}
+	if err := leasecore.CheckPruneBefore(ctx, op, before); err != nil {
+		return 0, err
+	}
+	n, err := f.db.Exec(ctx, pgsql.PruneAttempts, scope, before)
+	if err != nil {
+		return 0, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return n, nil
+}
