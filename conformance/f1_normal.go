@@ -11,9 +11,15 @@ import (
 // caseF1 runs the whole life of a lease in one process: holder-a acquires,
 // writes, renews and releases; holder-b acquires at once with a larger
 // token and writes; the floor ends at holder-b's token.
-func caseF1(ctx context.Context, c *C, h Harness) {
+func caseF1(ctx context.Context, c *C, h Harness) { normalPath(ctx, c, h, partStore) }
+
+// caseF1u is F1 writing the suite's own user tables through the fence.
+func caseF1u(ctx context.Context, c *C, h Harness) { normalPath(ctx, c, h, userTables) }
+
+func normalPath(ctx context.Context, c *C, h Harness, t target) {
+	res := t.open(c, h, nil)
+	c.noteUserTarget(t)
 	lease, insp := c.openLease(h)
-	res := c.openResource(h)
 	ttl := c.ttl(5 * time.Second)
 
 	ga, err := lease.Acquire(ctx, leaseName, holderA, ttl)
@@ -59,7 +65,6 @@ func caseF1(ctx context.Context, c *C, h Harness) {
 		fmt.Sprintf("accepted=false floor=%d", gb.Token), fmt.Sprintf("accepted=%t floor=%d", r.Accepted, r.Floor))
 
 	c.Equal("I3", "the resource's floor is holder-b's token", gb.Token, c.floor(res, scope))
-	p, ok := c.readPart(res, scope, partSummary)
-	c.Equal("I3", "summary holds holder-b's content", "rows=101(B) by holder-b token="+gb.Token.String(), describePart(p, ok))
+	c.Equal("I3", "summary holds holder-b's content", "rows=101(B) by holder-b token="+gb.Token.String(), c.stored(res, scope, partSummary))
 	c.Must(lease.Release(ctx, gb), "holder-b releases")
 }

@@ -35,16 +35,55 @@ func caseF5(ctx context.Context, c *C, h Harness) {
 	pausedHolder(ctx, c, h, KindUnfenced)
 }
 
+// caseF4u is F4 with the holders writing the suite's own user tables in
+// one fenced transaction (Txn): A is frozen between its check and its
+// transaction; thawed, its transaction is rejected and its rows never
+// appear.
+func caseF4u(ctx context.Context, c *C, h Harness) {
+	pausedHolder(ctx, c, h, KindUserData)
+}
+
+// caseF4m is the negative control of F4u, the "marker first, rows second"
+// pattern: A's marker goes through the fenced part store before the freeze
+// and is accepted; its rows follow in a second transaction with no fence,
+// after B wrote, and win.
+func caseF4m(ctx context.Context, c *C, h Harness) {
+	pausedHolder(ctx, c, h, KindMarkerFirst)
+}
+
+// pausedHolder runs the paused-holder timeline with holder processes
+// writing to the resource of kind.
 func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	hp := need[HolderProcesses](c, h, AbilityHolderProcesses)
 	var reader Resource
-	if kind == KindUnfenced {
+	switch kind {
+	case KindUnfenced:
 		controls := need[NegativeControls](c, h, AbilityNegativeControls)
 		var err error
 		reader, err = controls.UnfencedResource(ctx)
 		c.Must(err, "open the unfenced resource")
-	} else {
+	case KindUserData:
+		reader = c.openUserResource(h, nil)
+	case KindMarkerFirst:
+		ud := need[UserDataResources](c, h, AbilityUserData)
+		var err error
+		reader, err = ud.MarkerFirstResource(ctx)
+		c.Must(err, "open the marker-first control")
+	default:
 		reader = c.openResource(h)
+	}
+	// fenced: the rows are written in the fence's own atomic operation.
+	fenced := kind == KindFenced || kind == KindUserData
+	// twoStep: the holders PREPARE between their check and their write.
+	twoStep := kind == KindUserData || kind == KindMarkerFirst
+	prepare := func(p *holderProc, label string, tok leasecore.Token) {
+		line := p.call("PREPARE " + scope + " " + partSummary + " marker")
+		if kind == KindMarkerFirst {
+			c.Equal("I3", label+"'s marker goes through the fenced part store and is accepted",
+				fmt.Sprintf("PREPARED accepted=true token=%d", tok), trimFloor(line))
+		} else {
+			c.Equal("F4", label+"'s write is one fenced transaction: nothing to prepare", "PREPARED none", line)
+		}
 	}
 	_, insp := c.openLease(h)
 
@@ -59,6 +98,9 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA)), 0)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-a", tokA))
 	c.Equal("F4", "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
+	if twoStep {
+		prepare(a, "A", tokA)
+	}
 
 	c.record("parent", fmt.Sprintf("waits %v (ttl %v)", running, ttl))
 	sleep(ctx, running)
@@ -68,7 +110,14 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 		st.Held && st.Holder == holderA, "held by holder-a", fmt.Sprintf("held=%t by %s", st.Held, st.Holder))
 
 	c.Must(freeze(a.pid), "SIGSTOP A")
-	c.record("A", "SIGSTOP: frozen after its check, before its write")
+	switch kind {
+	case KindMarkerFirst:
+		c.record("A", "SIGSTOP: frozen after its check and its accepted marker, before its rows")
+	case KindUserData:
+		c.record("A", "SIGSTOP: frozen after its check, before its transaction")
+	default:
+		c.record("A", "SIGSTOP: frozen after its check, before its write")
+	}
 	state := waitProcState(ctx, a.pid, "T")
 	c.Equal("F4", "after SIGSTOP /proc shows A stopped (its renewal goroutine too)", "T", state)
 	if st, err := insp.Inspect(ctx, leaseName); err == nil && st.Held {
@@ -81,15 +130,19 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	b := c.startHolder(hp, kind, "B")
 	tokB := c.acquiredLine("B acquires the expired lease with a larger token", b.call(acquire(holderB)), tokA)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-b", tokB))
+	if twoStep {
+		prepare(b, "B", tokB)
+	}
 	bWrite := b.call("WRITE " + scope + " " + partSummary + " rows=201(B)")
 	c.Equal("I3", "B's write is accepted", fmt.Sprintf("WRITE accepted=true token=%d", tokB), trimFloor(bWrite))
 	floorAfter := c.floor(reader, scope)
-	if kind == KindFenced {
+	switch {
+	case fenced:
 		c.Equal("I3", "B's write moved the floor from 0 to B's token", fmt.Sprintf("0->%d", tokB), fmt.Sprintf("%d->%d", floorBefore, floorAfter))
-	}
-	if kind == KindFenced {
 		c.record("resource", fmt.Sprintf("B's token-%d write accepted, floor %d->%d", tokB, floorBefore, floorAfter))
-	} else {
+	case kind == KindMarkerFirst:
+		c.record("resource", fmt.Sprintf("B's token-%d marker accepted (floor %d->%d), then its rows with no fence", tokB, floorBefore, floorAfter))
+	default:
 		c.record("resource", fmt.Sprintf("B's token-%d write accepted (this resource keeps no floor)", tokB))
 	}
 	c.Equal("I1", "B renews", "RENEW ok=true", verbOK(b.call("RENEW")))
@@ -107,24 +160,32 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	c.Notef("A after resuming: %s; %s", aWrite, aRenew)
 	c.Equal("I1", "A's renewal after its write fails: the lease moved on", "RENEW_AFTER_WRITE ok=false", aRenew)
 
-	p, ok := c.readPart(reader, scope, partSummary)
+	final := c.stored(reader, scope, partSummary)
 	floor := c.floor(reader, scope)
-	c.Notef("final summary = %s; floor=%d", describePart(p, ok), floor)
+	c.Notef("final summary = %s; floor=%d", final, floor)
 	if verbAccepted(aWrite) {
-		c.record("resource", fmt.Sprintf("A's token-%d write accepted: summary = %s", tokA, describePart(p, ok)))
+		c.record("resource", fmt.Sprintf("A's token-%d write accepted: summary = %s", tokA, final))
 	} else {
 		c.record("resource", fmt.Sprintf("A's token-%d write rejected (floor %d)", tokA, floor))
 	}
-	if kind == KindUnfenced {
+	staleWon := verbAccepted(aWrite) && final == fmt.Sprintf("rows=200(A) by holder-a token=%d", tokA)
+	switch kind {
+	case KindUnfenced:
 		c.Exposes("the resource does not check tokens, so A's stale result overwrote B's",
-			verbAccepted(aWrite) && ok && p.Writer == holderA, "A: "+aWrite+"; summary: "+describePart(p, ok))
+			staleWon, "A: "+aWrite+"; summary: "+final)
+		c.Must(a.exit(), "A exits")
+		return
+	case KindMarkerFirst:
+		c.Exposes("marker first, rows second: A's marker was accepted before the freeze, its rows followed with no fence after B wrote, and the stale rows won",
+			staleWon, fmt.Sprintf("A: %s; summary: %s; floor=%d", aWrite, final, floor))
+		c.Notef("the identical timeline against the fenced transaction is F4u: there A's transaction was rejected and its rows never appeared")
 		c.Must(a.exit(), "A exits")
 		return
 	}
 	c.Equal("I3", fmt.Sprintf("A's write with token %d is rejected", tokA), fmt.Sprintf("WRITE accepted=false token=%d", tokA), trimFloor(aWrite))
 	c.Equal("I3", "the final summary is B's and the floor is B's token",
 		fmt.Sprintf("rows=201(B) by holder-b token=%d, floor=%d", tokB, tokB),
-		fmt.Sprintf("%s, floor=%d", describePart(p, ok), floor))
+		fmt.Sprintf("%s, floor=%d", final, floor))
 	attempts, err := reader.Attempts(ctx, scope)
 	c.Must(err, "read the write log")
 	rejectedA := 0

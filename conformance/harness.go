@@ -16,7 +16,7 @@ type NewHarness func(ctx context.Context) (Harness, error)
 // backend with a resource backend). It stays small on purpose: abilities
 // only some backends have are optional interfaces, found by type assertion
 // (LongTransactions, CommitGapResources, LockWaitProbe, NegativeControls,
-// HolderProcesses, CrashRestarter). A backend that deliberately lacks one
+// HolderProcesses, CrashRestarter, UserDataResources). A backend that deliberately lacks one
 // declares it in Traits.Absent; a case that needs an ability the harness
 // neither implements nor declares absent fails, so nothing passes by being
 // forgotten.
@@ -77,6 +77,7 @@ const (
 	AbilityNegativeControls Ability = "negative controls" // NegativeControls (F5, F6a, F7, F9)
 	AbilityHolderProcesses  Ability = "holder processes"  // HolderProcesses (F4, F5)
 	AbilityCrashRestart     Ability = "crash and restart" // CrashRestarter (F8)
+	AbilityUserData         Ability = "user data"         // UserDataResources (F1u, F4u, F4m, F6u, F7u, F10u, X1)
 )
 
 // LongTransactions is an optional interface that may be implemented by a
@@ -151,13 +152,22 @@ type ResourceKind string
 
 // Resource kinds for holder processes.
 const (
-	KindFenced   ResourceKind = "fenced"
-	KindUnfenced ResourceKind = "unfenced"
+	KindFenced   ResourceKind = "fenced"   // OpenResource's part store
+	KindUnfenced ResourceKind = "unfenced" // NegativeControls.UnfencedResource
+	// KindUserData is UserDataResources.UserDataResource with no gap.
+	KindUserData ResourceKind = "user data"
+	// KindMarkerFirst is UserDataResources.MarkerFirstResource; the
+	// holder's PREPARE writes its marker.
+	KindMarkerFirst ResourceKind = "marker first"
 )
 
 // HolderProcesses is an optional interface that may be implemented by a
-// Harness (F4, F5). The command it returns runs RunHolder in a separate OS
-// process connected to the same lease service and resource.
+// Harness (F4, F5; F4u and F4m with UserDataResources). The command it
+// returns runs RunHolder in a separate OS process connected to the same
+// lease service and to the resource of kind, which it opens the way the
+// harness opens it for the suite (the same storage, the same attempt
+// log). A harness with UserDataResources must accept KindUserData and
+// KindMarkerFirst; an unknown kind is an error.
 type HolderProcesses interface {
 	HolderCommand(ctx context.Context, kind ResourceKind) (*exec.Cmd, error)
 }
@@ -170,4 +180,95 @@ type CrashRestarter interface {
 	// "SIGQUIT to the postmaster: immediate shutdown, WAL recovery"), and
 	// the downtime.
 	CrashRestart(ctx context.Context) (how string, downtime time.Duration, err error)
+}
+
+// UserDataResources is an optional interface that may be implemented by a
+// Harness whose backend can fence the caller's own data: rows of the
+// caller's tables written in the caller's transaction (PostgreSQL), keys of
+// the caller's Txn (etcd). The part store of OpenResource is one user of
+// the backend's fence; these resources are another, the one users write.
+// Cases F1u, F4u, F4m, F6u, F7u and F10u, and X1's user-data rows, need
+// it. Without it, and with AbilityUserData declared absent, they skip.
+type UserDataResources interface {
+	// UserDataResource returns a client of the suite's own user data. Its
+	// Write stores w.Content, w.Writer and w.Token for (w.Scope, w.Part)
+	// in at least two user tables (keys) of the harness's own, not the
+	// library's part store, all in one atomic operation (one transaction,
+	// one Txn) that also runs the fence's check of
+	// leasecore.ClaimOf(w) through the backend's public fence API, the
+	// same calls a user makes. When the fence rejects, nothing is stored
+	// and Write returns Result{Accepted: false, Floor: the floor that
+	// beat it}, not an error; bad input is an error wrapping
+	// leasecore.ErrInvalidArgument that names the field, before anything
+	// is sent. Advance raises the floor without writing data.
+	//
+	// ReadPart reads the first user table's row back (Writer and Token as
+	// the user row stores them); Rows reads every user table; Floor is
+	// the fence's floor of the scope; Attempts is the fence's attempt log
+	// of the scope, which the harness configures to log every check
+	// (leasecore.LogAll).
+	//
+	// gap, when not nil, runs inside each write after the fence check and
+	// before the commit, so the write holds whatever it locks while gap
+	// runs (F6u); an error from gap abandons the write. A harness that
+	// declares AbilityCommitGap absent (its fenced operation is one
+	// request, nothing to pause) is only ever given a nil gap.
+	UserDataResource(ctx context.Context, gap Gap) (UserResource, error)
+
+	// MarkerFirstResource returns the negative control of F4m, the
+	// pattern that looks safe and is not: Prepare writes an accepted
+	// "marker" through the backend's fenced part store (leasecore.Write
+	// as given, its own atomic operation); Write then stores the user rows
+	// in a second atomic operation with no fence, and reports them
+	// accepted. It shares storage with UserDataResource: ReadPart and Rows
+	// read the same user tables; Floor and Attempts are the part store's,
+	// where the markers went.
+	MarkerFirstResource(ctx context.Context) (MarkerFirst, error)
+}
+
+// UserResource is the suite's own user data behind the backend's fence.
+type UserResource interface {
+	Resource
+	// Advance raises the floor of c.Scope to c.Token without writing any
+	// data, in one atomic operation, when c.Token is at least the floor
+	// (accepted, Floor = c.Token); otherwise it rejects and changes
+	// nothing (Floor = the floor that beat it). A new holder advances
+	// right after it acquires, so an old holder cannot write even what
+	// the new one has not written yet (F10u). Bad input is an error
+	// wrapping leasecore.ErrInvalidArgument that names the field
+	// ("scope", "writer", "token"), or context.Canceled for a cancelled
+	// context, before anything is sent.
+	Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error)
+	// Rows returns what each user table holds for (scope, part): one
+	// entry per table the write stores into (at least two), in a fixed
+	// order. It lets the suite see that the tables are written together
+	// or not at all.
+	Rows(ctx context.Context, scope, part string) ([]UserRow, error)
+}
+
+// UserRow is one user table's row for a (scope, part).
+type UserRow struct {
+	Table string // the user table or key prefix, e.g. "conformance_job_run"
+	Found bool   // false when the table holds no row for it
+	Row   leasecore.StoredPart
+}
+
+// MarkerFirst is the negative control of UserDataResources: a resource
+// whose write takes two atomic operations, the fenced marker (Prepare) and
+// the unfenced rows (Write).
+type MarkerFirst interface {
+	Resource
+	Preparer
+	// Rows is UserResource.Rows on the same user tables.
+	Rows(ctx context.Context, scope, part string) ([]UserRow, error)
+}
+
+// Preparer is an optional interface that may be implemented by a resource
+// whose write takes two steps (the marker-first control). A holder
+// process's PREPARE command calls it with the holder's token; for a
+// resource without it, PREPARE answers "PREPARED none" and does nothing.
+type Preparer interface {
+	// Prepare does the first step of writing w and says whether the fence
+	// accepted it.
+	Prepare(ctx context.Context, w leasecore.Write) (leasecore.Result, error)
 }

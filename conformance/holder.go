@@ -23,6 +23,10 @@ import (
 //	CHECK
 //	    -> READY_TO_WRITE token=N | NOT_VALID <reason>
 //	    the pre-write check; the parent freezes the process right after it
+//	PREPARE <scope> <part> <content...>
+//	    -> PREPARED accepted=B token=N floor=F | PREPARED none
+//	    the first step of a two-step write (Preparer, the marker-first
+//	    control); "none" for a resource whose write is one step
 //	WRITE <scope> <part> <content...>
 //	    -> WRITE accepted=B token=N floor=F
 //	    writes at once, with no further check: the write is the very next
@@ -87,27 +91,33 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 		} else {
 			h.say("NOT_VALID %v", s.Err())
 		}
+	case "PREPARE":
+		w, err := h.parseWrite(cmd, rest)
+		if err != nil {
+			return err
+		}
+		p, ok := h.res.(Preparer)
+		if !ok {
+			h.say("PREPARED none")
+			return nil
+		}
+		r, err := p.Prepare(ctx, w)
+		if err != nil {
+			return err
+		}
+		h.say("PREPARED accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
 	case "WRITE", "WRITE_AND_RENEW":
-		s, err := h.session()
+		w, err := h.parseWrite("WRITE", rest)
 		if err != nil {
 			return err
 		}
-		f := strings.SplitN(rest, " ", 3)
-		if len(f) < 2 {
-			return errors.New("want: WRITE <scope> <part> <content>")
-		}
-		content := ""
-		if len(f) == 3 {
-			content = f[2]
-		}
-		g := s.Grant()
-		r, err := h.res.Write(ctx, leasecore.Write{Scope: f[0], Part: f[1], Content: content, Writer: g.Holder, Token: g.Token})
+		r, err := h.res.Write(ctx, w)
 		if err != nil {
 			return err
 		}
-		h.say("WRITE accepted=%t token=%d floor=%d", r.Accepted, g.Token, r.Floor)
+		h.say("WRITE accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
 		if cmd == "WRITE_AND_RENEW" {
-			_, err := h.lease.Renew(ctx, g)
+			_, err := h.lease.Renew(ctx, h.sess.Grant())
 			h.say("RENEW_AFTER_WRITE ok=%t", err == nil)
 		}
 	case "RENEW":
@@ -127,6 +137,25 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 		return fmt.Errorf("unknown command %q", cmd)
 	}
 	return nil
+}
+
+// parseWrite parses "<scope> <part> <content...>" into a write with the
+// session's holder and token.
+func (h *holderProcess) parseWrite(cmd, rest string) (leasecore.Write, error) {
+	s, err := h.session()
+	if err != nil {
+		return leasecore.Write{}, err
+	}
+	f := strings.SplitN(rest, " ", 3)
+	if len(f) < 2 {
+		return leasecore.Write{}, fmt.Errorf("want: %s <scope> <part> <content>", cmd)
+	}
+	content := ""
+	if len(f) == 3 {
+		content = f[2]
+	}
+	g := s.Grant()
+	return leasecore.Write{Scope: f[0], Part: f[1], Content: content, Writer: g.Holder, Token: g.Token}, nil
 }
 
 func (h *holderProcess) acquire(ctx context.Context, f []string) error {

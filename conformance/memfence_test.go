@@ -18,10 +18,11 @@ type memHarness struct {
 	leases *memfence.Leases
 	res    *memfence.Resource
 	ctl    *memControls
+	user   *memUserData
 }
 
 func newMemHarness(context.Context) (conformance.Harness, error) {
-	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), ctl: newMemControls()}, nil
+	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), ctl: newMemControls(), user: newMemUserData()}, nil
 }
 
 func (h *memHarness) Traits() conformance.Traits {
@@ -48,7 +49,7 @@ func (h *memHarness) FencedResourceWithGap(_ context.Context, gap conformance.Ga
 }
 
 func (h *memHarness) LockWaits(context.Context) ([]string, error) {
-	if n := h.res.LockWaits(); n > 0 {
+	if n := h.res.LockWaits() + int(h.user.waiting.Load()); n > 0 {
 		return []string{fmt.Sprintf("%d write(s) waiting for the resource mutex", n)}, nil
 	}
 	return nil, nil

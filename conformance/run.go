@@ -15,7 +15,7 @@ import (
 
 // testCase is one experiment of the suite.
 type testCase struct {
-	id    string // "F1"
+	id    string // "F1", "F4u"
 	name  string // subtest name, "F1_normal_path"
 	title string // header text
 	run   func(ctx context.Context, c *C, h Harness)
@@ -32,6 +32,12 @@ var cases = []testCase{
 	{"F7", "F7_fence_granularity", "fence granularity: a stale holder writes a part the new holder never touched", caseF7},
 	{"F8", "F8_server_crash", "server crash: immediate stop without checkpoint, recovery; tokens and floor survive", caseF8},
 	{"F9", "F9_unfenceable_side_effects", "side effects that cannot be fenced: deduplication keeps the first, not the newest", caseF9},
+	{"F1u", "F1u_user_data_normal_path", "normal path, fencing the suite's own tables/keys in the caller's transaction: acquire -> write rows -> renew -> release -> the next holder writes rows with a larger token", caseF1u},
+	{"F4u", "F4u_user_data_paused_stale_holder", "paused stale holder, fencing the suite's own tables/keys: A is frozen with SIGSTOP between its check and its transaction; B takes over; A's transaction is rejected and its rows never appear", caseF4u},
+	{"F4m", "F4m_marker_first_negative_control", "negative control for user data: a fenced marker first, the rows second with no fence, on F4u's timeline; the frozen holder's stale rows win", caseF4m},
+	{"F6u", "F6u_user_data_commit_race", "conditional fence race, fencing the suite's own tables/keys: the check and the rows in one transaction, paused before the commit", caseF6u},
+	{"F7u", "F7u_user_data_granularity", "fence granularity, fencing the suite's own tables/keys: a stale holder's rows for a part the new holder never wrote are rejected", caseF7u},
+	{"F10u", "F10u_user_data_advance", "advance, fencing the suite's own tables/keys: the new holder raises the floor without writing; the old holder's rows are rejected", caseF10u},
 	{"X1", "X1_bad_input", "bad input: every entry point names the bad field, wraps the sentinel and changes nothing", caseX1},
 }
 
