@@ -229,6 +229,17 @@ type UserDataResources interface {
 // UserResource is the suite's own user data behind the backend's fence.
 type UserResource interface {
 	Resource
+	Advancer
+	// Rows returns what each user table holds for (scope, part): one
+	// entry per table the write stores into (at least two), in a fixed
+	// order. It lets the suite see that the tables are written together
+	// or not at all.
+	Rows(ctx context.Context, scope, part string) ([]UserRow, error)
+}
+
+// Advancer raises a scope's floor without writing data (UserResource;
+// X1's advance rows, BadInput.Advancer).
+type Advancer interface {
 	// Advance raises the floor of c.Scope to c.Token without writing any
 	// data, in one atomic operation, when c.Token is at least the floor
 	// (accepted, Floor = c.Token); otherwise it rejects and changes
@@ -239,11 +250,6 @@ type UserResource interface {
 	// ("scope", "writer", "token"), or context.Canceled for a cancelled
 	// context, before anything is sent.
 	Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error)
-	// Rows returns what each user table holds for (scope, part): one
-	// entry per table the write stores into (at least two), in a fixed
-	// order. It lets the suite see that the tables are written together
-	// or not at all.
-	Rows(ctx context.Context, scope, part string) ([]UserRow, error)
 }
 
 // UserRow is one user table's row for a (scope, part).

@@ -326,6 +326,7 @@ func TestBadInputCalls(t *testing.T) {
 	}
 	calls := conformance.BadInputCalls(conformance.BadInput{Lease: leases, Grant: g, Free: "job-2",
 		Resource: memfence.NewResource(), Write: leasecore.Write{Scope: "report", Part: "sum", Content: "c", Writer: "host", Token: 1},
+		Advancer: &memUser{memUserData: newMemUserData()}, Claim: leasecore.Claim{Scope: "report", Writer: "host", Token: 1},
 		MinTTL: memfence.MinTTL})
 	seen := map[string]bool{}
 	groups := map[string]bool{}
@@ -338,8 +339,8 @@ func TestBadInputCalls(t *testing.T) {
 			t.Errorf("%s: %v", c.Name, err)
 		}
 	}
-	if len(groups) != 8 {
-		t.Errorf("groups %v, want acquire, renew, release, renew all, inspect, write, write batch, read", groups)
+	if len(groups) != 9 {
+		t.Errorf("groups %v, want acquire, renew, release, renew all, inspect, write, write batch, read, advance", groups)
 	}
 
 	inv := leasecore.ErrInvalidArgument

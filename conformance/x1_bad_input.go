@@ -76,53 +76,8 @@ func caseX1(ctx context.Context, c *C, h Harness) {
 		c.Notef("the resource does not implement leasecore.BatchWriter: no write-batch rows")
 	}
 
-	type group struct {
-		name             string
-		fields           []string       // in order of first appearance
-		count            map[string]int // rows per field (ErrInvalidArgument)
-		cancelled, total int
-		failed           bool
-	}
-	var groups []*group
-	byName := map[string]*group{}
-	before := c.x1Read(watch)
-	for _, b := range BadInputCalls(in) {
-		gp := byName[b.Group]
-		if gp == nil {
-			gp = &group{name: b.Group, count: map[string]int{}}
-			byName[b.Group] = gp
-			groups = append(groups, gp)
-		}
-		gp.total++
-		if errors.Is(b.Want, context.Canceled) {
-			gp.cancelled++
-		} else {
-			if gp.count[b.Mention] == 0 {
-				gp.fields = append(gp.fields, b.Mention)
-			}
-			gp.count[b.Mention]++
-		}
-		if !c.x1Row(watch, &before, b.Name, x1Expected(b), b.Run(ctx)) {
-			gp.failed = true
-		}
-	}
-	for _, gp := range groups {
-		if gp.failed {
-			continue // its rows said what is wrong
-		}
-		var kinds []string
-		bad := 0
-		for _, f := range gp.fields {
-			kinds = append(kinds, fmt.Sprintf("%s %d", f, gp.count[f]))
-			bad += gp.count[f]
-		}
-		what := fmt.Sprintf("%s %d bad inputs (%s) with ErrInvalidArgument naming the field", x1GroupTitles[gp.name], bad, strings.Join(kinds, ", "))
-		if gp.cancelled > 0 {
-			what += ", and a cancelled context with context.Canceled"
-		}
-		n := fmt.Sprintf("%d calls rejected, state unchanged", gp.total)
-		c.Check("input", what+"; nothing changed", true, n, n)
-	}
+	c.x1Rows(watch, BadInputCalls(in))
+	c.Section("user data", func(c *C) { c.x1UserData(h, lease, insp, watch.leases, holder, g.Token) })
 
 	// Holds that are over, or not the caller's.
 	other := g
@@ -159,6 +114,7 @@ func caseX1(ctx context.Context, c *C, h Harness) {
 			holdRow{"renew all by a non-holder (lost[0])", leasecore.ErrLost, renewAll(other)},
 			holdRow{"renew all after release (lost[0])", leasecore.ErrLost, renewAll(gr)})
 	}
+	before := c.x1Read(watch)
 	holdsOK := true
 	for _, r := range holds {
 		err := r.call()
@@ -178,7 +134,103 @@ func caseX1(ctx context.Context, c *C, h Harness) {
 	c.Must(lease.Release(ctx, g), "release "+held)
 }
 
-// x1GroupTitles starts a group's ok line.
+// x1Rows runs bad-input rows against what watch reads: a FAIL line per
+// row that went wrong, one ok line per group (entry point) whose rows all
+// failed as they must and changed nothing.
+func (c *C) x1Rows(watch x1Watch, calls []BadCall) {
+	ctx := c.ctx
+	type group struct {
+		name             string
+		fields           []string       // in order of first appearance
+		count            map[string]int // rows per field (ErrInvalidArgument)
+		cancelled, total int
+		failed           bool
+	}
+	var groups []*group
+	byName := map[string]*group{}
+	before := c.x1Read(watch)
+	for _, b := range calls {
+		gp := byName[b.Group]
+		if gp == nil {
+			gp = &group{name: b.Group, count: map[string]int{}}
+			byName[b.Group] = gp
+			groups = append(groups, gp)
+		}
+		gp.total++
+		if errors.Is(b.Want, context.Canceled) {
+			gp.cancelled++
+		} else {
+			if gp.count[b.Mention] == 0 {
+				gp.fields = append(gp.fields, b.Mention)
+			}
+			gp.count[b.Mention]++
+		}
+		if !c.x1Row(watch, &before, b.Name, x1Expected(b), b.Run(ctx)) {
+			gp.failed = true
+		}
+	}
+	for _, gp := range groups {
+		if gp.failed {
+			continue // its rows said what is wrong
+		}
+		var kinds []string
+		bad := 0
+		for _, f := range gp.fields {
+			kinds = append(kinds, fmt.Sprintf("%s %d", f, gp.count[f]))
+			bad += gp.count[f]
+		}
+		what := fmt.Sprintf("%s %d bad inputs (%s) with ErrInvalidArgument naming the field", x1GroupTitle(gp.name), bad, strings.Join(kinds, ", "))
+		if gp.cancelled > 0 {
+			what += ", and a cancelled context with context.Canceled"
+		}
+		n := fmt.Sprintf("%d calls rejected, state unchanged", gp.total)
+		c.Check("input", what+"; nothing changed", true, n, n)
+	}
+
+}
+
+// x1UserData runs the write, read and advance rows against the fenced user
+// resource (UserDataResources), on a scope of its own that holds a row and
+// a floor (token) first: the same tables of bad values as the part store's.
+func (c *C) x1UserData(h Harness, lease leasecore.Lease, insp leasecore.LeaseInspector, leases []string, holder string, token leasecore.Token) {
+	const (
+		scopeUser  = "x1-user-report"
+		partUser   = "x1-user-summary"
+		detailUser = "x1-user-detail"
+	)
+	res := c.openUserResource(h, nil)
+	if r := c.write(res, leasecore.Write{Scope: scopeUser, Part: partUser, Content: "rows=1", Writer: holder, Token: token}); !r.Accepted {
+		c.Fatalf("the first write to the fresh scope %s with token %d was rejected (floor %d)", scopeUser, token, r.Floor)
+	}
+	watch := x1Watch{insp: insp, res: res, leases: leases, scope: scopeUser, parts: []string{partUser, detailUser}}
+	// The valid advance raises the floor (token + 1), so an advance that
+	// lets bad input through shows as a changed floor.
+	calls := BadInputCalls(BadInput{
+		Resource:   res,
+		Write:      leasecore.Write{Scope: scopeUser, Part: partUser, Content: "rows=2", Writer: holder, Token: token},
+		SecondPart: detailUser,
+		Advancer:   res,
+		Claim:      leasecore.Claim{Scope: scopeUser, Writer: holder, Token: token + 1},
+	})
+	for i := range calls {
+		calls[i].Group = x1UserPrefix + calls[i].Group
+		calls[i].Name = x1UserPrefix + calls[i].Name
+	}
+	c.x1Rows(watch, calls)
+}
+
+// x1UserPrefix starts the groups and rows of the user resource.
+const x1UserPrefix = "user data "
+
+// x1GroupTitle starts a group's ok line.
+func x1GroupTitle(group string) string {
+	if g, ok := strings.CutPrefix(group, x1UserPrefix); ok {
+		return "user data: " + x1GroupTitles[g]
+	}
+	return x1GroupTitles[group]
+}
+
+// x1GroupTitles names the entry point of each group.
 var x1GroupTitles = map[string]string{
 	"acquire":     "Acquire rejects",
 	"renew":       "Renew rejects",
@@ -188,6 +240,7 @@ var x1GroupTitles = map[string]string{
 	"write":       "Write rejects",
 	"write batch": "WriteBatch rejects",
 	"read":        "the readers (Floor, ReadPart, Attempts) reject",
+	"advance":     "Advance rejects",
 }
 
 // x1Expected renders what a bad call must return.
@@ -346,15 +399,28 @@ func (c *C) x1Read(w x1Watch) x1State {
 		s.leases = append(s.leases, st)
 	}
 	s.floor = c.floor(w.res, w.scope)
-	for _, part := range w.parts {
-		p, ok := c.readPart(w.res, w.scope, part)
-		r := "(none)"
-		if ok {
-			r = fmt.Sprintf("%s by %s token=%d at %s", shortQuote(p.Content), shortQuote(p.Writer),
-				p.Token, p.WrittenAt.UTC().Format(time.RFC3339Nano))
+	render := func(p leasecore.StoredPart, ok bool) string {
+		if !ok {
+			return "(none)"
 		}
+		return fmt.Sprintf("%s by %s token=%d at %s", shortQuote(p.Content), shortQuote(p.Writer),
+			p.Token, p.WrittenAt.UTC().Format(time.RFC3339Nano))
+	}
+	for _, part := range w.parts {
 		s.parts = append(s.parts, w.scope+"/"+part)
-		s.stored = append(s.stored, r)
+		rr, isRows := w.res.(rowsReader)
+		if !isRows {
+			s.stored = append(s.stored, render(c.readPart(w.res, w.scope, part)))
+			continue
+		}
+		// Every user table: a bad write that reached one of them changed it.
+		rows, err := rr.Rows(c.ctx, w.scope, part)
+		c.Must(err, fmt.Sprintf("read the user rows of %s/%s", w.scope, part))
+		var each []string
+		for _, r := range rows {
+			each = append(each, r.Table+": "+render(r.Row, r.Found))
+		}
+		s.stored = append(s.stored, strings.Join(each, ", "))
 	}
 	as, err := w.res.Attempts(c.ctx, w.scope)
 	c.Must(err, "read the write log of "+w.scope)
@@ -472,8 +538,8 @@ func shortQuote(s string) string {
 // message contains Mention, and it must change nothing.
 type BadCall struct {
 	// Group is the entry point: "acquire", "renew", "release", "renew all",
-	// "inspect", "write", "write batch" or "read" (Floor, ReadPart and
-	// Attempts).
+	// "inspect", "write", "write batch", "read" (Floor, ReadPart and
+	// Attempts) or "advance".
 	Group string
 	// Name is the row, unique within one table, e.g. "acquire holder
 	// leading space" or "write batch cancelled context".
@@ -552,6 +618,14 @@ type BadInput struct {
 	// SecondPart is the second part of the batch rows; empty means
 	// Write.Part + "-2".
 	SecondPart string
+
+	// Advancer, when not nil, gets rows for Advance: Claim with its
+	// scope, writer or token made bad, and a cancelled context. For a
+	// row to show an advance that lets bad input through, Claim.Token
+	// should be above the scope's floor.
+	Advancer Advancer
+	// Claim is a valid claim of Advancer.
+	Claim leasecore.Claim
 
 	// MinTTL and TTLGranularity are the backend's (Traits): a TTL row
 	// that must fail for one reason only is built from them.
@@ -831,6 +905,25 @@ func BadInputCalls(in BadInput) []BadCall {
 			addCancelled(group, "read part", readPart(ok.Scope, ok.Part))
 			addCancelled(group, "attempts", attempts(ok.Scope))
 		}
+	}
+	if a := in.Advancer; a != nil {
+		const group = "advance"
+		ok := in.Claim
+		advance := func(f func(*leasecore.Claim)) func(context.Context) error {
+			cl := ok
+			f(&cl)
+			return func(ctx context.Context) error { _, err := a.Advance(ctx, cl); return err }
+		}
+		for _, b := range badNames(ok.Scope) {
+			addInv(group, "advance scope "+b.label, "scope", advance(func(cl *leasecore.Claim) { cl.Scope = b.v }))
+		}
+		for _, b := range badNames(ok.Writer) {
+			addInv(group, "advance writer "+b.label, "writer", advance(func(cl *leasecore.Claim) { cl.Writer = b.v }))
+		}
+		for _, t := range badTokens {
+			addInv(group, "advance token "+t.label, "token", advance(func(cl *leasecore.Claim) { cl.Token = t.v }))
+		}
+		addCancelled(group, "advance", advance(func(*leasecore.Claim) {}))
 	}
 	return calls
 }
