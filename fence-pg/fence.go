@@ -260,8 +260,10 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 //
 //   - rejected: rolls back without calling fn and returns the rejection;
 //   - accepted: calls fn with the transaction; if fn returns an error (or
-//     panics), rolls back and returns that error unchanged; otherwise
-//     commits and returns the acceptance.
+//     panics), rolls back and returns that error wrapped (errors.Is and
+//     errors.As reach it; a server or connection failure inside fn is
+//     classified like any other, e.g. wrapping leasecore.ErrUnavailable);
+//     otherwise commits and returns the acceptance.
 //
 // BEGIN, the timeouts and the check travel in one round trip. fn must not
 // commit or roll back tx itself.
@@ -322,7 +324,7 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 		return f.outcome(ctx, op, c, floor)
 	}
 	if err := fn(tx); err != nil {
-		return leasecore.Result{}, err
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	finished = true
 	if err := tx.Commit(ctx); err != nil {
@@ -367,7 +369,7 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 		return f.outcome(ctx, op, c, floor)
 	}
 	if err := fn(tx); err != nil {
-		return leasecore.Result{}, err
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	finished = true
 	if err := tx.Commit(); err != nil {

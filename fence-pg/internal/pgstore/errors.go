@@ -30,6 +30,11 @@ import (
 //     shutdown, cannot connect now), class 53 (insufficient resources),
 //     40001/40P01 (serialization failure, deadlock): wraps
 //     leasecore.ErrUnavailable — the condition may pass.
+//   - 55P03 lock_not_available (lock_timeout fired: another transaction
+//     holds the scope's floor, e.g. a holder frozen inside its fenced
+//     transaction) and 25P03 idle_in_transaction_session_timeout (the
+//     server ended this session's transaction): wraps
+//     leasecore.ErrUnavailable — retry; nothing of the transaction stays.
 //   - 42P01 undefined_table, 42703 undefined_column: wraps
 //     leasecore.ErrSchema — Migrate has not been run.
 //
@@ -59,6 +64,12 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 			code == "57P01", code == "57P02", code == "57P03",
 			code == "40001", code == "40P01":
 			return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
+		case code == "55P03":
+			return fmt.Errorf("%s: %w (lock timeout: another transaction holds the lock, e.g. a holder frozen inside its fenced transaction): %w",
+				prefix, leasecore.ErrUnavailable, err)
+		case code == "25P03":
+			return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for too long): %w",
+				prefix, leasecore.ErrUnavailable, err)
 		case code == "42P01", code == "42703":
 			return fmt.Errorf("%s: %w (run Migrate): %w", prefix, leasecore.ErrSchema, err)
 		}

@@ -45,6 +45,8 @@ func TestMapError(t *testing.T) {
 		{"pgx disk full", live, pgErr("53100"), leasecore.ErrUnavailable},
 		{"pq serialization failure", live, pqErr("40001"), leasecore.ErrUnavailable},
 		{"pgx deadlock", live, pgErr("40P01"), leasecore.ErrUnavailable},
+		{"pgx lock timeout", live, pgErr("55P03"), leasecore.ErrUnavailable},
+		{"pq idle in transaction timeout", live, pqErr("25P03"), leasecore.ErrUnavailable},
 		{"pgx undefined table", live, pgErr("42P01"), leasecore.ErrSchema},
 		{"pq undefined column", live, pqErr("42703"), leasecore.ErrSchema},
 		{"pgx query canceled, ctx live", live, pgErr("57014"), context.Canceled},
