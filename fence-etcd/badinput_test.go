@@ -3,6 +3,7 @@ package fenceetcd_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -32,6 +33,7 @@ type namedResource struct {
 // stores are every public entry point on one client and prefix.
 type stores struct {
 	leases    *fenceetcd.LeaseStore
+	fence     *fenceetcd.Fence
 	resources []namedResource // the fenced resource and each control
 }
 
@@ -41,6 +43,9 @@ func newStores(t *testing.T, cli *clientv3.Client, prefix string) stores {
 	var s stores
 	var err error
 	if s.leases, err = fenceetcd.NewLeaseStore(cli, opt); err != nil {
+		t.Fatal(err)
+	}
+	if s.fence, err = fenceetcd.NewFence(cli, opt, logAll); err != nil {
 		t.Fatal(err)
 	}
 	res, err := fenceetcd.NewResource(cli, opt, logAll)
@@ -165,6 +170,10 @@ func TestBadInput(t *testing.T) {
 				_, err := fenceetcd.NewResource(c, o...)
 				return err
 			}},
+			{"NewFence", func(c *clientv3.Client, o ...fenceetcd.Option) error {
+				_, err := fenceetcd.NewFence(c, o...)
+				return err
+			}},
 			{"etcdcontrol.New", func(c *clientv3.Client, o ...fenceetcd.Option) error {
 				_, err := etcdcontrol.New(c, o...)
 				return err
@@ -192,6 +201,14 @@ func TestBadInput(t *testing.T) {
 			}
 			if err := c.call(cli); err != nil {
 				t.Errorf("%s with the default prefix: %v", c.name, err)
+			}
+			// The attempt log mode is checked by every constructor that
+			// takes options, also those that ignore it.
+			wantArg(t, c.name+" attempt log 7", c.call(cli, fenceetcd.WithAttemptLog(7)), "attempt log", "LogRejected, LogAll or LogNone")
+			for _, m := range []leasecore.AttemptLog{leasecore.LogRejected, leasecore.LogAll, leasecore.LogNone} {
+				if err := c.call(cli, fenceetcd.WithAttemptLog(m)); err != nil {
+					t.Errorf("%s with attempt log %v: %v", c.name, m, err)
+				}
 			}
 			if err := c.call(cli, fenceetcd.WithPrefix("/x"), fenceetcd.WithPrefix("/y/z")); err != nil {
 				t.Errorf("%s with a valid prefix: %v", c.name, err)
@@ -244,6 +261,12 @@ func TestBadInput(t *testing.T) {
 	for _, c := range badCalls(t, s, held) {
 		t.Run(c.Name, func(t *testing.T) { check(t, c) })
 	}
+	for _, c := range fenceBadCalls(s.fence, f.prefix) {
+		t.Run(c.Name, func(t *testing.T) { check(t, c) })
+	}
+	for _, c := range fenceRefusedCalls(s.fence, f.prefix) {
+		t.Run(c.Name, func(t *testing.T) { check(t, c) })
+	}
 
 	lost := leasecore.ErrLost
 	stranger := held
@@ -288,7 +311,8 @@ func TestBadInput(t *testing.T) {
 		}
 		defer cli.Close()
 		grant := leasecore.Grant{Name: "held-lease", Holder: "holder-a", Token: 1, TTL: time.Hour}
-		for _, c := range badCalls(t, newStores(t, cli, "/nothing"), grant) {
+		nothing := newStores(t, cli, "/nothing")
+		for _, c := range append(badCalls(t, nothing, grant), fenceBadCalls(nothing.fence, "/nothing")...) {
 			// A call that did send would wait for the connection until
 			// this deadline and fail with it instead.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -344,4 +368,127 @@ func TestNamesAreData(t *testing.T) {
 			t.Errorf("%d %s keys, want %d:\n%s", got, kind, want, snap)
 		}
 	}
+}
+
+// fenceBadCalls are the bad-input rows of the Fence's entry points: each
+// must fail before anything is sent, with an error naming the field (or the
+// context's error), and write nothing. prefix is the fence's key prefix.
+func fenceBadCalls(f *fenceetcd.Fence, prefix string) []conformance.BadCall {
+	ok := leasecore.Claim{Scope: "daily-report", Writer: "holder-a", Token: 1}
+	own := fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpPut("/own/row", "x")}}
+	var calls []conformance.BadCall
+	add := func(name string, want error, mention, reason string, call func(ctx context.Context) error) {
+		calls = append(calls, conformance.BadCall{Group: "fence", Name: name, Want: want, Mention: mention,
+			Reason: reason, Call: call})
+	}
+	arg := leasecore.ErrInvalidArgument
+	cancelled := func(call func(ctx context.Context) error) func(ctx context.Context) error {
+		return func(ctx context.Context) error {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return call(ctx)
+		}
+	}
+	long := strings.Repeat("s", leasecore.MaxNameLen+1)
+	claims := []struct {
+		name, mention string
+		c             leasecore.Claim
+	}{
+		{"empty scope", "scope", leasecore.Claim{Writer: "holder-a", Token: 1}},
+		{"overlong scope", "scope", leasecore.Claim{Scope: long, Writer: "holder-a", Token: 1}},
+		{"scope with NUL", "scope", leasecore.Claim{Scope: "a\x00b", Writer: "holder-a", Token: 1}},
+		{"empty writer", "writer", leasecore.Claim{Scope: "daily-report", Token: 1}},
+		{"overlong writer", "writer", leasecore.Claim{Scope: "daily-report", Writer: long, Token: 1}},
+		{"token 0", "token", leasecore.Claim{Scope: "daily-report", Writer: "holder-a"}},
+		{"token above MaxToken", "token", leasecore.Claim{Scope: "daily-report", Writer: "holder-a", Token: leasecore.MaxToken + 1}},
+	}
+	for _, c := range claims {
+		add("advance "+c.name, arg, c.mention, "", func(ctx context.Context) error { _, err := f.Advance(ctx, c.c); return err })
+		add("commit "+c.name, arg, c.mention, "", func(ctx context.Context) error { _, _, err := f.Commit(ctx, c.c, own); return err })
+	}
+	add("advance cancelled context", context.Canceled, "context canceled", "",
+		cancelled(func(ctx context.Context) error { _, err := f.Advance(ctx, ok); return err }))
+	add("commit cancelled context", context.Canceled, "context canceled", "",
+		cancelled(func(ctx context.Context) error { _, _, err := f.Commit(ctx, ok, own); return err }))
+
+	// A caller's transaction must not write the fence's own keys.
+	floorKey := prefix + "/floor/daily-report"
+	for _, tc := range []struct {
+		name, mention string
+		t             fenceetcd.Txn
+	}{
+		{"puts the floor", "then[1]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpPut("/own/row", "x"),
+			clientv3.OpPut(floorKey, "99999999999999999999")}}},
+		{"deletes the floor in else", "else[0]", fenceetcd.Txn{Else: []clientv3.Op{clientv3.OpDelete(floorKey)}}},
+		{"puts an attempt key", "then[0]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpPut(prefix+"/attempt/daily-report/x", "{}")}}},
+		{"deletes every floor", "then[0]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpDelete(prefix+"/floor/", clientv3.WithPrefix())}}},
+		{"deletes the whole prefix", "then[0]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpDelete(prefix+"/", clientv3.WithPrefix())}}},
+		{"deletes from a key on", "then[0]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpDelete(prefix+"/a", clientv3.WithFromKey())}}},
+		{"deletes a range across the floors", "then[0]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpDelete(prefix+"/e", clientv3.WithRange(prefix+"/g"))}}},
+		{"nested put of the floor", "then[0].else[1]", fenceetcd.Txn{Then: []clientv3.Op{clientv3.OpTxn(nil, nil,
+			[]clientv3.Op{clientv3.OpGet(floorKey), clientv3.OpPut(floorKey, "x")})}}},
+	} {
+		add("commit txn "+tc.name, arg, tc.mention, "writes a key of the fence", func(ctx context.Context) error {
+			_, _, err := f.Commit(ctx, ok, tc.t)
+			return err
+		})
+	}
+
+	attempts := func(q leasecore.AttemptQuery) func(ctx context.Context) error {
+		return func(ctx context.Context) error { _, err := f.Attempts(ctx, q); return err }
+	}
+	add("attempts empty scope", arg, "scope", "", attempts(leasecore.AttemptQuery{Limit: 10}))
+	add("attempts overlong scope", arg, "scope", "", attempts(leasecore.AttemptQuery{Scope: long, Limit: 10}))
+	add("attempts limit 0", arg, "limit", "", attempts(leasecore.AttemptQuery{Scope: "daily-report"}))
+	add("attempts limit -1", arg, "limit", "", attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: -1}))
+	add("attempts limit above MaxAttemptsRead", arg, "limit", "",
+		attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: leasecore.MaxAttemptsRead + 1}))
+	add("attempts cancelled context", context.Canceled, "context canceled", "",
+		cancelled(attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: 10})))
+
+	prune := func(scope string, before time.Time) func(ctx context.Context) error {
+		return func(ctx context.Context) error { _, err := f.PruneAttempts(ctx, scope, before); return err }
+	}
+	add("prune attempts empty scope", arg, "scope", "", prune("", time.Now()))
+	add("prune attempts overlong scope", arg, "scope", "", prune(long, time.Now()))
+	add("prune attempts zero bound", arg, "before", "must be set", prune("daily-report", time.Time{}))
+	add("prune attempts future bound", arg, "before", "in the future", prune("daily-report", time.Now().Add(time.Hour)))
+	add("prune attempts cancelled context", context.Canceled, "context canceled", "", cancelled(prune("daily-report", time.Now())))
+	return calls
+}
+
+// fenceRefusedCalls are caller transactions that pass the fence's own
+// checks but that etcd refuses as a whole, before applying any of it:
+// Commit must report them as ErrInvalidArgument, and nothing is written
+// (no advance either: the first request is refused already).
+func fenceRefusedCalls(f *fenceetcd.Fence, prefix string) []conformance.BadCall {
+	newScope := leasecore.Claim{Scope: "never-written", Writer: "holder-a", Token: 7}
+	var many []clientv3.Op
+	for i := range 200 {
+		many = append(many, clientv3.OpPut(fmt.Sprintf("%s/own/%03d", prefix, i), "x"))
+	}
+	var calls []conformance.BadCall
+	for _, tc := range []struct {
+		name, reason string
+		t            fenceetcd.Txn
+	}{
+		{"200 operations", "too many operations", fenceetcd.Txn{Then: many}},
+		{"a key put twice", "duplicate key", fenceetcd.Txn{Then: []clientv3.Op{
+			clientv3.OpPut(prefix+"/own/a", "1"), clientv3.OpPut(prefix+"/own/a", "2")}}},
+		{"a compare without a key", "key is not provided", fenceetcd.Txn{
+			If: []clientv3.Cmp{clientv3.Compare(clientv3.Value(""), "=", "x")}}},
+	} {
+		calls = append(calls, conformance.BadCall{Group: "fence", Name: "commit refused by etcd: " + tc.name,
+			Want: leasecore.ErrInvalidArgument, Mention: "commit", Reason: tc.reason,
+			Call: func(ctx context.Context) error {
+				for _, c := range []leasecore.Claim{newScope, {Scope: "daily-report", Writer: "holder-a", Token: 1}} {
+					if _, _, err := f.Commit(ctx, c, tc.t); err == nil || !errors.Is(err, leasecore.ErrInvalidArgument) {
+						return err
+					}
+				}
+				_, _, err := f.Commit(ctx, newScope, tc.t)
+				return err
+			}})
+	}
+	return calls
 }

@@ -166,7 +166,8 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 //
 // Accepted: the caller's transaction was applied, atomically with the
 // fence's compare, and the returned response is its own (Succeeded says
-// which of its branches ran; Responses are its operations' answers).
+// which of its branches ran; Responses are its operations' answers;
+// Header is the whole request's, with the revision of the commit).
 // Rejected: nothing of t was applied, the response is nil, and
 // Result.Floor is the larger floor that beat c.Token. A rejection is a
 // Result, not an error.
@@ -224,9 +225,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		}
 		if resp.Succeeded {
 			inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
-			if inner.Header == nil {
-				inner.Header = resp.Header // a nested response carries none
-			}
+			inner.Header = resp.Header // a nested response's header is empty
 			return leasecore.Result{Accepted: true, Floor: c.Token}, inner, nil
 		}
 		floor, err := etcdkv.FloorOf(resp.Responses[0].GetResponseRange().Kvs)
