@@ -21,7 +21,8 @@ func TestMain(m *testing.M) {
 	etcdtest.Main(m)
 }
 
-// newControls returns controls and the fenced resource on a fresh prefix.
+// newControls returns controls and the fenced resource on a fresh prefix;
+// the resource logs every attempt, as the controls do.
 func newControls(t *testing.T) (*etcdcontrol.Controls, *fenceetcd.Resource) {
 	t.Helper()
 	cli := etcdtest.Client(t)
@@ -30,7 +31,7 @@ func newControls(t *testing.T) (*etcdcontrol.Controls, *fenceetcd.Resource) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := fenceetcd.NewResource(cli, opt)
+	res, err := fenceetcd.NewResource(cli, opt, fenceetcd.WithAttemptLog(leasecore.LogAll))
 	if err != nil {
 		t.Fatal(err)
 	}
