@@ -54,7 +54,6 @@ func caseF4m(ctx context.Context, c *C, h Harness) {
 // pausedHolder runs the paused-holder timeline with holder processes
 // writing to the resource of kind.
 func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
-	hp := need[HolderProcesses](c, h, AbilityHolderProcesses)
 	var reader Resource
 	switch kind {
 	case KindUnfenced:
@@ -72,6 +71,7 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 	default:
 		reader = c.openResource(h)
 	}
+	hp := need[HolderProcesses](c, h, AbilityHolderProcesses)
 	// fenced: the rows are written in the fence's own atomic operation.
 	fenced := kind == KindFenced || kind == KindUserData
 	// twoStep: the holders PREPARE between their check and their write.

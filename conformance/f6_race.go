@@ -53,6 +53,7 @@ func caseF6(ctx context.Context, c *C, h Harness) {
 // the check and the user rows are one transaction (Txn), paused between
 // the check and the commit.
 func caseF6u(ctx context.Context, c *C, h Harness) {
+	need[UserDataResources](c, h, AbilityUserData) // before the commit-gap and lock-wait abilities
 	c.noteUserTarget(userTables)
 	conditionalRace(ctx, c, h, userTables, "daily-report-f6u")
 }

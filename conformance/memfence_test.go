@@ -19,6 +19,10 @@ type memHarness struct {
 	res    *memfence.Resource
 	ctl    *memControls
 	user   *memUserData
+	// holders serves the state to holder processes (memholder_test.go).
+	holders memHolders
+	// markerChecksToken breaks the marker-first control (suite_test.go).
+	markerChecksToken bool
 }
 
 func newMemHarness(context.Context) (conformance.Harness, error) {
@@ -32,7 +36,6 @@ func (h *memHarness) Traits() conformance.Traits {
 		TokenStep: 1,
 		Absent: map[conformance.Ability]string{
 			conformance.AbilityLongTransaction: "an in-memory map has no transactions and one clock",
-			conformance.AbilityHolderProcesses: "in-memory state is not shared with other processes",
 			conformance.AbilityCrashRestart:    "in-memory state does not survive a crash",
 		},
 	}
@@ -42,7 +45,7 @@ func (h *memHarness) OpenLease(context.Context) (leasecore.Lease, error) { retur
 
 func (h *memHarness) OpenResource(context.Context) (conformance.Resource, error) { return h.res, nil }
 
-func (h *memHarness) Close() error { return nil }
+func (h *memHarness) Close() error { h.holders.close(); return nil }
 
 func (h *memHarness) FencedResourceWithGap(_ context.Context, gap conformance.Gap) (conformance.Resource, error) {
 	return h.res.Client(memfence.WithCommitGap(gap)), nil
@@ -149,4 +152,7 @@ func (c *memControl) ReadPart(_ context.Context, scope, part string) (leasecore.
 
 func (c *memControl) Attempts(context.Context, string) ([]leasecore.Attempt, error) { return nil, nil }
 
-func TestConformance(t *testing.T) { conformance.Run(t, newMemHarness) }
+func TestConformance(t *testing.T) {
+	t.Parallel() // the paused-holder cases wait; TestReportFormat runs the suite beside it
+	conformance.Run(t, newMemHarness)
+}

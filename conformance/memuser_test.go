@@ -153,7 +153,8 @@ func checkScope(ctx context.Context, scope string) error {
 // store (memfence's fence), the rows into the user tables with no fence.
 type memMarkerFirst struct {
 	*memUserData
-	markers conformance.Resource
+	markers     conformance.Resource
+	checksToken bool
 }
 
 var _ conformance.MarkerFirst = (*memMarkerFirst)(nil)
@@ -162,16 +163,25 @@ func (m *memMarkerFirst) Prepare(ctx context.Context, w leasecore.Write) (leasec
 	return m.markers.Write(ctx, w)
 }
 
-// Write stores the rows unconditionally: the marker was the check, and it
-// went stale while the writer was frozen.
+// Write stores the rows with no fence: the marker was the check, and it
+// went stale while the writer was frozen. It keeps no floor (Floor 0), like
+// the unfenced control. With checksToken set it is the broken control of
+// the suite's own tests: it compares the token with the markers' floor
+// after all, and the flaw cannot show.
 func (m *memMarkerFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
+	if m.checksToken {
+		floor, err := m.markers.Floor(ctx, w.Scope)
+		if err != nil || w.Token < floor {
+			return leasecore.Result{Floor: floor}, err
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.store(w, time.Now())
-	return leasecore.Result{Accepted: true, Floor: w.Token}, nil
+	return leasecore.Result{Accepted: true}, nil
 }
 
 func (m *memMarkerFirst) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
@@ -187,5 +197,5 @@ func (h *memHarness) UserDataResource(_ context.Context, gap conformance.Gap) (c
 }
 
 func (h *memHarness) MarkerFirstResource(context.Context) (conformance.MarkerFirst, error) {
-	return &memMarkerFirst{memUserData: h.user, markers: h.res}, nil
+	return &memMarkerFirst{memUserData: h.user, markers: h.res, checksToken: h.markerChecksToken}, nil
 }

@@ -113,6 +113,7 @@ func TestSuiteFailsUndeclaredAbility(t *testing.T) {
 }
 
 func TestReportFormat(t *testing.T) {
+	t.Parallel()
 	sum, out := report(t, newMemHarness)
 	if sum.Failed != 0 {
 		t.Fatalf("failed=%d:\n%s", sum.Failed, out)
