@@ -16,6 +16,12 @@
 // against designs that look plausible and fail, and pass only when the
 // failure really happens on the backend.
 //
+// Cases F1u, F4u, F6u, F7u and F10u fence user data: the same timelines
+// (and advance, raising a scope's floor without data) against rows of the
+// suite's own tables written through the backend's public fence API in one
+// atomic operation (UserDataResources). F4m is their negative control, a
+// fenced marker first and the rows second, losing to a frozen holder.
+//
 // Case X1 checks the input rule of every entry point instead: bad input is
 // rejected with an error that names the field and wraps the sentinel, and
 // changes nothing. Its rows are exported (BadInputCalls), so a backend's
