@@ -280,7 +280,7 @@ func TestSQLLookingInputIsData(t *testing.T) {
 				db = f.leaseDB
 			}
 			var n int
-			if err := db.QueryRow(ctx, "SELECT count(*) FROM "+c.table).Scan(&n); err != nil || n != c.want {
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM leasefence."+c.table).Scan(&n); err != nil || n != c.want {
 				t.Errorf("%s: %d rows, %v; want %d", c.table, n, err, c.want)
 			}
 		}

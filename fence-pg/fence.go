@@ -47,10 +47,29 @@ import (
 //
 // A Fence is safe for concurrent use.
 type Fence struct {
-	db  dbx.DB        // Advance, the rejection log, reads, RunSQLTx
-	pgx *pgxpool.Pool // RunTx; nil for a Fence made by NewFenceDB
-	sql *sql.DB       // RunSQLTx; nil for a Fence made by NewFence
-	cfg config
+	db   dbx.DB        // Advance, the rejection log, reads, RunSQLTx
+	pgx  *pgxpool.Pool // RunTx; nil for a Fence made by NewFenceDB
+	sql  *sql.DB       // RunSQLTx; nil for a Fence made by NewFence
+	cfg  config
+	stmt fenceSQL
+	read pgstore.Reader
+}
+
+// fenceSQL is the fence's statements in its schema.
+type fenceSQL struct {
+	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch string
+}
+
+func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
+	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
+	return &Fence{db: db, pgx: pgxPool, sql: sqlDB, cfg: cfg,
+		stmt: fenceSQL{
+			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
+			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts),
+			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
+		},
+		read: pgstore.Reader{DB: db, Pkg: pkg, Schema: cfg.schema},
+	}
 }
 
 // Defaults of the timeouts RunTx, RunSQLTx and SendBatch set for their own
@@ -76,6 +95,7 @@ type Option func(*config)
 type ResourceOption = Option
 
 type config struct {
+	schema string
 	log             leasecore.AttemptLog
 	lockTimeout     time.Duration
 	idleInTxTimeout time.Duration
@@ -83,9 +103,12 @@ type config struct {
 }
 
 func newConfig(op string, opts []Option) (config, error) {
-	c := config{log: leasecore.LogRejected, lockTimeout: DefaultLockTimeout, idleInTxTimeout: DefaultIdleInTransactionTimeout}
+	c := config{schema: DefaultSchema, log: leasecore.LogRejected, lockTimeout: DefaultLockTimeout, idleInTxTimeout: DefaultIdleInTransactionTimeout}
 	for _, o := range opts {
 		o(&c)
+	}
+	if err := checkSchemaName(op, c.schema); err != nil {
+		return config{}, err
 	}
 	if err := leasecore.CheckAttemptLog(op, c.log); err != nil {
 		return config{}, err
@@ -111,6 +134,15 @@ func WithAttemptLog(m leasecore.AttemptLog) Option {
 	return func(c *config) { c.log = m }
 }
 
+// WithSchema puts the library's tables (and its one function) in the
+// PostgreSQL schema name instead of DefaultSchema: a lower-case unquoted
+// identifier (letters a-z, digits, underscores; not starting with a digit
+// or "pg_"). Every store of one database that shares tables must use the
+// same schema. Migrate creates the schema if it does not exist.
+func WithSchema(name string) Option {
+	return func(c *config) { c.schema = name }
+}
+
 // WithTimeouts sets the lock_timeout and idle_in_transaction_session_timeout
 // that RunTx, RunSQLTx and SendBatch set, with SET LOCAL semantics, for
 // their own transactions (defaults DefaultLockTimeout and
@@ -134,7 +166,7 @@ func NewFence(pool *pgxpool.Pool, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Fence{db: dbx.FromPool(pool), pgx: pool, cfg: cfg}, nil
+	return newFence(dbx.FromPool(pool), pool, nil, cfg), nil
 }
 
 // NewFenceDB is NewFence for a database/sql pool (lib/pq, or pgx's stdlib
@@ -148,13 +180,25 @@ func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Fence{db: dbx.FromSQL(db), sql: db, cfg: cfg}, nil
+	return newFence(dbx.FromSQL(db), nil, db, cfg), nil
 }
 
 // Migrate creates the fence's tables (and the part store's) if they do not
-// exist; see Resource.Migrate.
+// exist, then runs CheckSchema; see Resource.Migrate.
 func (f *Fence) Migrate(ctx context.Context) error {
-	return pgstore.Migrate(ctx, f.db, pkg, resourceSchema)
+	if err := pgstore.Migrate(ctx, f.db, pkg, pgsql.InSchema(resourceSchema, f.cfg.schema)); err != nil {
+		return err
+	}
+	return f.CheckSchema(ctx)
+}
+
+// CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
+// the table or column, whether the fence's tables in its schema are missing,
+// out of date, foreign (another table of the same name), or not visible to
+// this pool's role. A deployment calls it at start-up so a misconfigured
+// one fails there and not at its first write.
+func (f *Fence) CheckSchema(ctx context.Context) error {
+	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, true)
 }
 
 // Querier is what Check needs from a pgx transaction: pgx.Tx, *pgx.Conn,
@@ -247,7 +291,7 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	_, err := f.db.Exec(ctx, pgsql.LogAttempt, c.Scope, part, c.Writer, int64(c.Token), false, int64(floor))
+	_, err := f.db.Exec(ctx, f.stmt.logAttempt, c.Scope, part, c.Writer, int64(c.Token), false, int64(floor))
 	if err != nil {
 		return pgstore.MapError(ctx, pkg, op+": log the rejection", err)
 	}
@@ -301,7 +345,7 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	f.queueTimeouts(b)
 	var floor int64
-	b.Queue(pgsql.FenceCheck, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	b.Queue(f.stmt.check, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	finished := false
@@ -360,7 +404,7 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 		}
 	}
 	var floor int64
-	if err := tx.QueryRowContext(ctx, pgsql.FenceCheck, f.args(c, false)...).Scan(&floor); err != nil {
+	if err := tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	if leasecore.Token(floor) != c.Token {
@@ -456,7 +500,7 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 	pipe := &pgx.Batch{}
 	f.queueTimeouts(pipe)
 	var floor int64
-	pipe.Queue(pgsql.FenceCheckOrRaise, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	pipe.Queue(f.stmt.checkOrRaise, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
 	pipe.QueuedQueries = append(pipe.QueuedQueries, b.QueuedQueries...)
 	err := s.SendBatch(ctx, pipe).Close()
 	if floor, ok := rejectedFloor(err); ok {
@@ -491,7 +535,7 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 		return leasecore.Result{}, err
 	}
 	var floor int64
-	if err := f.db.QueryRow(ctx, pgsql.FenceAdvance, f.args(c, true)...).Scan(&floor); err != nil {
+	if err := f.db.QueryRow(ctx, f.stmt.advance, f.args(c, true)...).Scan(&floor); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	return leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}, nil
@@ -500,14 +544,14 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // Floor returns the scope's floor, 0 when the scope never accepted a
 // check.
 func (f *Fence) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
-	return pgstore.Reader{DB: f.db, Pkg: pkg}.Floor(ctx, scope)
+	return f.read.Floor(ctx, scope)
 }
 
 // Attempts returns entries of the attempt log of q.Scope logged at or
 // after q.Since (by the database clock), oldest first, at most q.Limit.
 // A check's entry has an empty Part.
 func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
-	return pgstore.Reader{DB: f.db, Pkg: pkg}.AttemptsSince(ctx, q)
+	return f.read.AttemptsSince(ctx, q)
 }
 
 // PruneAttempts deletes the entries of scope's attempt log logged before
@@ -520,7 +564,7 @@ func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Tim
 	if err := leasecore.CheckPruneBefore(ctx, op, before); err != nil {
 		return 0, err
 	}
-	n, err := f.db.Exec(ctx, pgsql.PruneAttempts, scope, before)
+	n, err := f.db.Exec(ctx, f.stmt.prune, scope, before)
 	if err != nil {
 		return 0, pgstore.MapError(ctx, pkg, op, err)
 	}

@@ -347,7 +347,7 @@ func TestFenceAttemptsReadAndPrune(t *testing.T) {
 		f.writeJob(t, leasecore.Claim{Scope: "other", Writer: "w", Token: leasecore.Token(tok)}, tok)
 	}
 	var mid time.Time
-	if err := f.resourceDB.QueryRow(ctx, `SELECT attempted_at FROM write_attempt WHERE scope = 'log' AND token = 2`).Scan(&mid); err != nil {
+	if err := f.resourceDB.QueryRow(ctx, `SELECT attempted_at FROM leasefence.write_attempt WHERE scope = 'log' AND token = 2`).Scan(&mid); err != nil {
 		t.Fatal(err)
 	}
 	as, err := f.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: "log", Since: mid, Limit: 1})

@@ -20,7 +20,9 @@ import (
 // (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector.
 // It is safe for concurrent use.
 type LeaseStore struct {
-	db dbx.DB
+	db     dbx.DB
+	schema string
+	stmt   struct{ acquire, renew, release, renewAll, inspect string }
 }
 
 var (
@@ -30,22 +32,35 @@ var (
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
-// database. A nil pool returns a *leasecore.ArgError. The caller keeps
-// ownership of the pool and closes it.
-func NewLeaseStore(pool *pgxpool.Pool) (*LeaseStore, error) {
+// database. Of the options only WithSchema applies. A nil pool or an
+// invalid option returns a *leasecore.ArgError. The caller keeps ownership
+// of the pool and closes it.
+func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
 	if pool == nil {
 		return nil, &leasecore.ArgError{Op: "new lease store", Field: "pool", Reason: "must not be nil"}
 	}
-	return &LeaseStore{db: dbx.FromPool(pool)}, nil
+	return newLeaseStore(dbx.FromPool(pool), opts)
 }
 
 // NewLeaseStoreDB is NewLeaseStore for a database/sql pool (lib/pq, or pgx's
 // stdlib driver). A nil db returns a *leasecore.ArgError.
-func NewLeaseStoreDB(db *sql.DB) (*LeaseStore, error) {
+func NewLeaseStoreDB(db *sql.DB, opts ...Option) (*LeaseStore, error) {
 	if db == nil {
 		return nil, &leasecore.ArgError{Op: "new lease store", Field: "db", Reason: "must not be nil"}
 	}
-	return &LeaseStore{db: dbx.FromSQL(db)}, nil
+	return newLeaseStore(dbx.FromSQL(db), opts)
+}
+
+func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
+	cfg, err := newConfig("new lease store", opts)
+	if err != nil {
+		return nil, err
+	}
+	s := &LeaseStore{db: db, schema: cfg.schema}
+	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
+	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
+	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
+	return s, nil
 }
 
 // Acquire implements leasecore.Lease: one INSERT ... ON CONFLICT DO UPDATE
@@ -55,7 +70,7 @@ func NewLeaseStoreDB(db *sql.DB) (*LeaseStore, error) {
 // wrapping leasecore.ErrHeld and changes nothing. Grant.Start is read just
 // before the request is sent.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	return pgstore.Acquire(ctx, s.db, pkg, name, holder, ttl, MinTTL)
+	return pgstore.Acquire(ctx, s.db, s.stmt.acquire, pkg, name, holder, ttl, MinTTL)
 }
 
 // Renew implements leasecore.Lease: one statement that sets the expiry to
@@ -71,7 +86,7 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 	// Read before sending: the server extends from when it runs the
 	// statement, so Start + TTL is never later than the new expiry.
 	start := time.Now()
-	if err := s.endOrExtend(ctx, "renew", g, pgsql.Renew, g.TTL.Microseconds()); err != nil {
+	if err := s.endOrExtend(ctx, "renew", g, s.stmt.renew, g.TTL.Microseconds()); err != nil {
 		return leasecore.Grant{}, err
 	}
 	g.Start = start
@@ -87,7 +102,7 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
 		return err
 	}
-	return s.endOrExtend(ctx, "release", g, pgsql.Release)
+	return s.endOrExtend(ctx, "release", g, s.stmt.release)
 }
 
 // endOrExtend runs Renew's or Release's statement, which returns no row
@@ -169,7 +184,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	start := time.Now() // before the request, as in Renew
-	rows, err := s.db.Query(ctx, pgsql.RenewAll, gs[0].Holder, string(arg))
+	rows, err := s.db.Query(ctx, s.stmt.renewAll, gs[0].Holder, string(arg))
 	if err != nil {
 		return nil, nil, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -211,7 +226,7 @@ func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseS
 	}
 	st := leasecore.LeaseState{Name: name}
 	var token, remaining int64
-	err := s.db.QueryRow(ctx, pgsql.Inspect, name).Scan(&st.Holder, &token, &st.Held, &st.Released, &remaining)
+	err := s.db.QueryRow(ctx, s.stmt.inspect, name).Scan(&st.Holder, &token, &st.Held, &st.Released, &remaining)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return st, nil

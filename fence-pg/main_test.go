@@ -106,7 +106,7 @@ func (f *fixture) snapshot(t *testing.T) string {
 	for _, tb := range f.tables() {
 		var n int64
 		var rows string
-		q := fmt.Sprintf(`SELECT count(*), coalesce(string_agg(t::text, E'\n' ORDER BY t::text), '') FROM %s t`, tb.table)
+		q := fmt.Sprintf(`SELECT count(*), coalesce(string_agg(t::text, E'\n' ORDER BY t::text), '') FROM leasefence.%s t`, tb.table)
 		if err := tb.db.QueryRow(context.Background(), q).Scan(&n, &rows); err != nil {
 			t.Fatalf("snapshot %s: %v", tb.table, err)
 		}
@@ -120,7 +120,7 @@ func (f *fixture) leaseRow(t *testing.T, name string) string {
 	t.Helper()
 	var row string
 	err := f.leaseDB.QueryRow(context.Background(),
-		`SELECT coalesce((SELECT l::text FROM lease l WHERE name = $1), '')`, name).Scan(&row)
+		`SELECT coalesce((SELECT l::text FROM leasefence.lease l WHERE name = $1), '')`, name).Scan(&row)
 	if err != nil {
 		t.Fatal(err)
 	}

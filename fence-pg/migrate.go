@@ -3,11 +3,17 @@ package fencepg
 import (
 	"context"
 	_ "embed" // the schema files below
+	"fmt"
+	"regexp"
 
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // The schemas, embedded so that a binary migrates without its source tree.
+// They name their tables in DefaultSchema; LeaseDDL and ResourceDDL move
+// them.
 var (
 	//go:embed schema/lease.sql
 	leaseSchema string
@@ -15,17 +21,89 @@ var (
 	resourceSchema string
 )
 
+// DefaultSchema is the PostgreSQL schema the library's tables live in
+// unless WithSchema says otherwise: a schema of their own, so that they
+// never collide with the application's tables.
+const DefaultSchema = pgsql.DefaultSchema
+
+var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// checkSchemaName accepts a lower-case unquoted identifier of at most 63
+// bytes that is not reserved for the system (pg_*).
+func checkSchemaName(op, name string) error {
+	bad := func(reason string) error {
+		return &leasecore.ArgError{Op: op, Field: "schema", Value: fmt.Sprintf("%q", name), Reason: reason}
+	}
+	switch {
+	case name == "":
+		return &leasecore.ArgError{Op: op, Field: "schema", Reason: "must not be empty"}
+	case len(name) > 63:
+		return bad("is longer than 63 bytes, PostgreSQL's identifier limit")
+	case !identifier.MatchString(name):
+		return bad("must be a lower-case unquoted identifier: a-z, 0-9 and _, not starting with a digit")
+	case len(name) >= 3 && name[:3] == "pg_":
+		return bad(`must not start with "pg_" (reserved for system schemas)`)
+	}
+	return nil
+}
+
+// LeaseDDL returns the SQL that creates the lease table in schema, for
+// users who apply migrations with their own tool instead of Migrate. It is
+// idempotent (CREATE ... IF NOT EXISTS). The runtime role then needs:
+//
+//	GRANT USAGE ON SCHEMA <schema> TO <role>;
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
+func LeaseDDL(schema string) (string, error) {
+	if err := checkSchemaName("lease ddl", schema); err != nil {
+		return "", err
+	}
+	return pgsql.InSchema(leaseSchema, schema), nil
+}
+
+// ResourceDDL returns the SQL that creates the fence's tables (fence_floor,
+// write_attempt, the part store's report_part) and its function
+// fence_reject in schema, for users who apply migrations with their own
+// tool. It is idempotent. The runtime role then needs:
+//
+//	GRANT USAGE ON SCHEMA <schema> TO <role>;
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.fence_floor, <schema>.report_part TO <role>;
+//	GRANT SELECT, INSERT, DELETE ON <schema>.write_attempt TO <role>;
+//
+// (DELETE only for PruneAttempts; EXECUTE on fence_reject is granted to
+// PUBLIC by default.) TestRuntimeRole runs every operation as such a role.
+func ResourceDDL(schema string) (string, error) {
+	if err := checkSchemaName("resource ddl", schema); err != nil {
+		return "", err
+	}
+	return pgsql.InSchema(resourceSchema, schema), nil
+}
+
 // Migrate creates the lease table in the lease database if it does not
-// exist. It is idempotent, and two processes running it at once serialise
-// on an advisory lock inside its transaction.
+// exist, then runs CheckSchema. It is idempotent, and two processes
+// running it at once serialise on an advisory lock inside its transaction.
 func (s *LeaseStore) Migrate(ctx context.Context) error {
-	return pgstore.Migrate(ctx, s.db, pkg, leaseSchema)
+	if err := pgstore.Migrate(ctx, s.db, pkg, pgsql.InSchema(leaseSchema, s.schema)); err != nil {
+		return err
+	}
+	return s.CheckSchema(ctx)
+}
+
+// CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
+// the table or column, whether the lease table is missing, out of date,
+// foreign, or not visible to this pool's role. Call it at start-up.
+func (s *LeaseStore) CheckSchema(ctx context.Context) error {
+	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, pgsql.LeaseColumns, false)
 }
 
 // Migrate creates the resource tables (fence_floor, report_part,
-// write_attempt) in the resource database if they do not exist. It is
-// idempotent, and two processes running it at once serialise on an
-// advisory lock inside its transaction.
+// write_attempt) and the function fence_reject if they do not exist, then
+// runs CheckSchema. It is idempotent, and two processes running it at once
+// serialise on an advisory lock inside its transaction.
 func (r *Resource) Migrate(ctx context.Context) error {
 	return r.fence.Migrate(ctx)
+}
+
+// CheckSchema is Fence.CheckSchema.
+func (r *Resource) CheckSchema(ctx context.Context) error {
+	return r.fence.CheckSchema(ctx)
 }

@@ -62,8 +62,8 @@ func TestMigrate(t *testing.T) {
 					p    pgopen.Pool
 					stmt string
 				}{
-					{procs[0].lease, "DROP TABLE lease"},
-					{procs[0].res, "DROP TABLE fence_floor, report_part, write_attempt, published"},
+					{procs[0].lease, "DROP TABLE leasefence.lease"},
+					{procs[0].res, "DROP TABLE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published"},
 				} {
 					if _, err := drop.p.DB().Exec(ctx, drop.stmt); err != nil {
 						t.Fatal(err)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -53,7 +52,7 @@ func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: pgstore.Reader{DB: f.db, Pkg: pkg}}, nil
+	return &Resource{fence: f, read: f.read}, nil
 }
 
 // NewResourceDB is NewResource for a database/sql pool (lib/pq, or pgx's
@@ -63,7 +62,7 @@ func NewResourceDB(db *sql.DB, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: pgstore.Reader{DB: f.db, Pkg: pkg}}, nil
+	return &Resource{fence: f, read: f.read}, nil
 }
 
 // renameOp makes a constructor's argument error name the constructor the
@@ -92,7 +91,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	args := append(r.fence.args(c, true), w.Part, w.Content)
 	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
 		var floor int64
-		err := q.QueryRow(ctx, pgsql.FencedWrite, args...).Scan(&floor)
+		err := q.QueryRow(ctx, r.fence.stmt.write, args...).Scan(&floor)
 		return floor, err
 	})
 }
@@ -125,7 +124,7 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token}
 	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
 		var floor int64
-		err := q.QueryRow(ctx, pgsql.FencedWriteBatch, args...).Scan(&floor)
+		err := q.QueryRow(ctx, r.fence.stmt.writeBatch, args...).Scan(&floor)
 		return floor, err
 	})
 }

@@ -294,7 +294,7 @@ func (l longTx) time(ctx context.Context, query string) (time.Time, error) {
 // Acquire runs fencepg's acquire statement — the same text and the same
 // runner — inside the transaction, where now() is the transaction's start.
 func (l longTx) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	return pgstore.Acquire(ctx, l.tx, pkg, name, holder, ttl, fencepg.MinTTL)
+	return pgstore.Acquire(ctx, l.tx, pgsql.Acquire, pkg, name, holder, ttl, fencepg.MinTTL)
 }
 
 func (l longTx) Rollback(ctx context.Context) error {

@@ -1,14 +1,15 @@
 -- The resource database; applied by Resource.Migrate. It never holds lease
 -- state: the resource decides from its own floor only.
+CREATE SCHEMA IF NOT EXISTS leasefence;
 
 -- The largest token accepted per scope (I3).
-CREATE TABLE IF NOT EXISTS fence_floor (
+CREATE TABLE IF NOT EXISTS leasefence.fence_floor (
   scope     text PRIMARY KEY,
   max_token bigint NOT NULL
 );
 
 -- The protected data: the current content of each part of a scope.
-CREATE TABLE IF NOT EXISTS report_part (
+CREATE TABLE IF NOT EXISTS leasefence.report_part (
   scope      text,
   part       text,
   content    text NOT NULL,
@@ -22,7 +23,7 @@ CREATE TABLE IF NOT EXISTS report_part (
 -- floor is the scope's floor after the attempt. One index only, (scope,
 -- id), which also serves reads of a scope's log in order: every write pays
 -- for each index on this table.
-CREATE TABLE IF NOT EXISTS write_attempt (
+CREATE TABLE IF NOT EXISTS leasefence.write_attempt (
   scope        text NOT NULL,
   id           bigint GENERATED ALWAYS AS IDENTITY,
   part         text NOT NULL,
@@ -38,7 +39,7 @@ CREATE TABLE IF NOT EXISTS write_attempt (
 -- when the token is below the floor: the error aborts the pipeline's
 -- implicit transaction, so none of the caller's statements after it takes
 -- effect. SQLSTATE LF001; DETAIL is the floor that beat the token.
-CREATE OR REPLACE FUNCTION fence_reject(scope text, token bigint, floor bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION leasefence.fence_reject(scope text, token bigint, floor bigint) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
   RAISE EXCEPTION 'leasefence: token % of scope % is below the floor %', token, scope, floor

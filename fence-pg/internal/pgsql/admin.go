@@ -8,11 +8,11 @@ package pgsql
 const MigrateLock = `SELECT pg_advisory_xact_lock(7810756276994336110)` // the bytes "leasefen" as a big-endian integer
 
 // TruncateLease empties the lease database (tests only).
-const TruncateLease = `TRUNCATE lease`
+const TruncateLease = `TRUNCATE leasefence.lease`
 
 // TruncateResource empties the resource database, negative controls'
 // table included (tests only).
-const TruncateResource = `TRUNCATE fence_floor, report_part, write_attempt, published RESTART IDENTITY`
+const TruncateResource = `TRUNCATE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published RESTART IDENTITY`
 
 // LockWaits lists the other sessions of this database whose fence
 // statements wait for a lock (F6b observes a blocked writer through it).

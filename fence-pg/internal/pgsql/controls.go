@@ -12,10 +12,10 @@ const currentFloor = `floor AS (` + ReadFloor + `)`
 // UnfencedWrite upserts the part whatever the token, and logs the attempt
 // as accepted with the scope's floor, which it never touches.
 const UnfencedWrite = `WITH part AS (
-  INSERT INTO report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
   ` + upsertPart + `
 ), ` + currentFloor + `, attempt AS (
-  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   SELECT $1::text, $2::text, $4::text, $5::bigint, true, floor.max_token FROM floor
 )
 SELECT max_token FROM floor`
@@ -26,12 +26,12 @@ SELECT max_token FROM floor`
 // inserted (the F7 hole). Returns accepted and the scope's floor, which
 // it never touches.
 const RowFencedWrite = `WITH part AS (
-  INSERT INTO report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
   ` + upsertPart + `
    WHERE p.token <= EXCLUDED.token
   RETURNING 1
 ), ` + currentFloor + `, attempt AS (
-  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   SELECT $1::text, $2::text, $4::text, $5::bigint, EXISTS (SELECT FROM part), floor.max_token FROM floor
 )
 SELECT EXISTS (SELECT FROM part), max_token FROM floor`
@@ -40,30 +40,30 @@ SELECT EXISTS (SELECT FROM part), max_token FROM floor`
 // (tokens ignored), and logs the attempt with the scope's floor. Returns
 // accepted (a row was inserted) and the floor.
 const Publish = `WITH pub AS (
-  INSERT INTO published (business_key, content, writer, token) VALUES ($6, $3, $4, $5)
+  INSERT INTO leasefence.published (business_key, content, writer, token) VALUES ($6, $3, $4, $5)
   ON CONFLICT (business_key) DO NOTHING
   RETURNING 1
 ), ` + currentFloor + `, attempt AS (
-  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   SELECT $1::text, $2::text, $4::text, $5::bigint, EXISTS (SELECT FROM pub), floor.max_token FROM floor
 )
 SELECT EXISTS (SELECT FROM pub), max_token FROM floor`
 
 // ReadPublished returns content, writer, token and published_at of
 // business key $1; no row when it was never published.
-const ReadPublished = `SELECT content, writer, token, published_at FROM published WHERE business_key = $1`
+const ReadPublished = `SELECT content, writer, token, published_at FROM leasefence.published WHERE business_key = $1`
 
 // SetFloor sets the floor of scope $1 to $2 unconditionally: the
 // check-then-write control's second step, which can move it backwards.
-const SetFloor = `INSERT INTO fence_floor AS f (scope, max_token) VALUES ($1, $2)
+const SetFloor = `INSERT INTO leasefence.fence_floor AS f (scope, max_token) VALUES ($1, $2)
   ON CONFLICT (scope) DO UPDATE SET max_token = EXCLUDED.max_token`
 
 // UpsertPart writes the part unconditionally: the check-then-write
 // control's third step.
-const UpsertPart = `INSERT INTO report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+const UpsertPart = `INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
   ` + upsertPart
 
 // LogAttempt logs one attempt: $1 scope, $2 part, $3 writer, $4 token,
 // $5 accepted, $6 floor.
-const LogAttempt = `INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+const LogAttempt = `INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   VALUES ($1, $2, $3, $4, $5, $6)`

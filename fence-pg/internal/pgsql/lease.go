@@ -13,7 +13,7 @@ package pgsql
 //
 // The TTL travels as integer microseconds (PostgreSQL's timestamp
 // resolution), so no float rounding or interval parsing is involved.
-const Acquire = `INSERT INTO lease AS l (name, holder, token, expires_at)
+const Acquire = `INSERT INTO leasefence.lease AS l (name, holder, token, expires_at)
 VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
 ON CONFLICT (name) DO UPDATE
    SET holder = EXCLUDED.holder, token = l.token + 1, expires_at = EXCLUDED.expires_at
@@ -36,14 +36,14 @@ const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > 
 const diagnosis = `
 SELECT l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
        coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
-  FROM (SELECT 1) AS one LEFT JOIN lease l ON l.name = $1
+  FROM (SELECT 1) AS one LEFT JOIN leasefence.lease l ON l.name = $1
  WHERE NOT EXISTS (SELECT FROM u)`
 
 // Renew extends the holding period ($1 name, $2 holder, $3 token) to now()
 // plus $4 microseconds, only while it is unexpired. See diagnosis for the
 // row it returns.
 const Renew = `WITH u AS (
-  UPDATE lease SET expires_at = now() + $4::bigint * interval '1 microsecond'
+  UPDATE leasefence.lease SET expires_at = now() + $4::bigint * interval '1 microsecond'
   ` + heldBy + `
   RETURNING 1
 )` + diagnosis
@@ -52,7 +52,7 @@ const Renew = `WITH u AS (
 // its expiry to -infinity, only while it is unexpired; the token stays, so
 // the next acquire issues token + 1. See diagnosis for the row it returns.
 const Release = `WITH u AS (
-  UPDATE lease SET expires_at = '-infinity'
+  UPDATE leasefence.lease SET expires_at = '-infinity'
   ` + heldBy + `
   RETURNING 1
 )` + diagnosis
@@ -66,14 +66,14 @@ const Release = `WITH u AS (
 const RenewAll = `WITH input AS (
   SELECT * FROM json_to_recordset($2::json) AS i(name text, token bigint, ttl_us bigint)
 ), u AS (
-  UPDATE lease l SET expires_at = now() + input.ttl_us * interval '1 microsecond'
+  UPDATE leasefence.lease l SET expires_at = now() + input.ttl_us * interval '1 microsecond'
     FROM input
    WHERE l.name = input.name AND l.holder = $1 AND l.token = input.token AND l.expires_at > now()
   RETURNING l.name
 )
 SELECT input.name, l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
        coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
-  FROM input LEFT JOIN lease l ON l.name = input.name
+  FROM input LEFT JOIN leasefence.lease l ON l.name = input.name
  WHERE input.name NOT IN (SELECT name FROM u)`
 
 // Inspect reads lease $1: holder, token, held, released, and the remaining
@@ -83,4 +83,4 @@ const Inspect = `SELECT holder, token, expires_at > now(), expires_at = '-infini
        CASE WHEN expires_at > now()
             THEN (extract(epoch FROM expires_at - now()) * 1000000)::bigint
             ELSE 0 END
-  FROM lease WHERE name = $1`
+  FROM leasefence.lease WHERE name = $1`

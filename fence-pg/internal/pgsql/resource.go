@@ -38,9 +38,9 @@ package pgsql
 // All sub-statements see one snapshot, so later CTEs read the floor from
 // "floor", never from the table.
 const fenceCTEs = `same AS (
-  SELECT max_token FROM fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE
+  SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE
 ), raised AS (
-  INSERT INTO fence_floor AS f (scope, max_token)
+  INSERT INTO leasefence.fence_floor AS f (scope, max_token)
   SELECT $1::text, $2::bigint WHERE NOT EXISTS (SELECT FROM same)
   ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
   RETURNING f.max_token
@@ -52,7 +52,7 @@ const fenceCTEs = `same AS (
 // (accepted) or $5 (rejected) says so.
 func logAttempt(part string) string {
 	return `attempt AS (
-  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   SELECT $1::text, ` + part + `, $3::text, $2::bigint, floor.max_token = $2::bigint, floor.max_token FROM floor
   WHERE CASE WHEN floor.max_token = $2::bigint THEN $4::boolean ELSE $5::boolean END
 )`
@@ -72,7 +72,7 @@ SELECT max_token FROM floor`
 // caller's statements queued after it takes effect.
 var FenceCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
 SELECT CASE WHEN max_token = $2::bigint THEN max_token
-            ELSE fence_reject($1::text, $2::bigint, max_token) END FROM floor`
+            ELSE leasefence.fence_reject($1::text, $2::bigint, max_token) END FROM floor`
 
 // RejectedState is the SQLSTATE fence_reject raises. Its DETAIL is the
 // floor that beat the token.
@@ -86,7 +86,7 @@ var FenceAdvance = FenceCheck
 // content $7 stored only when accepted, and the attempt logged, all in one
 // statement and one commit.
 var FencedWrite = `WITH ` + fenceCTEs + `, part AS (
-  INSERT INTO report_part AS p (scope, part, content, writer, token)
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
   SELECT $1::text, $6::text, $7::text, $3::text, $2::bigint FROM floor WHERE floor.max_token = $2::bigint
   ` + upsertPart + `
 ), ` + logAttempt(`$6::text`) + `
@@ -100,11 +100,11 @@ SELECT max_token FROM floor`
 var FencedWriteBatch = `WITH ` + fenceCTEs + `, input AS (
   SELECT * FROM json_to_recordset($6::json) AS i(part text, content text)
 ), part AS (
-  INSERT INTO report_part AS p (scope, part, content, writer, token)
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
   SELECT $1::text, input.part, input.content, $3::text, $2::bigint FROM floor, input WHERE floor.max_token = $2::bigint
   ` + upsertPart + `
 ), attempt AS (
-  INSERT INTO write_attempt (scope, part, writer, token, accepted, floor)
+  INSERT INTO leasefence.write_attempt (scope, part, writer, token, accepted, floor)
   SELECT $1::text, input.part, $3::text, $2::bigint, floor.max_token = $2::bigint, floor.max_token FROM floor, input
   WHERE CASE WHEN floor.max_token = $2::bigint THEN $4::boolean ELSE $5::boolean END
 )
@@ -116,20 +116,20 @@ const upsertPart = `ON CONFLICT (scope, part) DO UPDATE
          token = EXCLUDED.token, written_at = clock_timestamp()`
 
 // ReadFloor returns the floor of scope $1, 0 when the scope has none.
-const ReadFloor = `SELECT coalesce((SELECT max_token FROM fence_floor WHERE scope = $1), 0) AS max_token`
+const ReadFloor = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1), 0) AS max_token`
 
 // ReadPart returns content, writer, token and written_at of part $2 of
 // scope $1; no row when it was never written.
-const ReadPart = `SELECT content, writer, token, written_at FROM report_part WHERE scope = $1 AND part = $2`
+const ReadPart = `SELECT content, writer, token, written_at FROM leasefence.report_part WHERE scope = $1 AND part = $2`
 
 // Attempts returns the write log of scope $1, oldest first.
 const Attempts = `SELECT part, writer, token, accepted, floor, attempted_at
-  FROM write_attempt WHERE scope = $1 ORDER BY id`
+  FROM leasefence.write_attempt WHERE scope = $1 ORDER BY id`
 
 // AttemptsSince returns at most $3 entries of the write log of scope $1
 // logged at or after $2, oldest first.
 const AttemptsSince = `SELECT part, writer, token, accepted, floor, attempted_at
-  FROM write_attempt WHERE scope = $1::text AND attempted_at >= $2::timestamptz ORDER BY id LIMIT $3::int`
+  FROM leasefence.write_attempt WHERE scope = $1::text AND attempted_at >= $2::timestamptz ORDER BY id LIMIT $3::int`
 
 // PruneAttempts deletes the entries of scope $1 logged before $2.
-const PruneAttempts = `DELETE FROM write_attempt WHERE scope = $1::text AND attempted_at < $2::timestamptz`
+const PruneAttempts = `DELETE FROM leasefence.write_attempt WHERE scope = $1::text AND attempted_at < $2::timestamptz`

@@ -7,16 +7,15 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
 // Acquire validates its input (leasecore.CheckAcquire with minTTL), runs
-// pgsql.Acquire on q and returns the grant, or a *leasecore.HoldError
+// stmt (pgsql.Acquire, in the store's schema) on q and returns the grant, or a *leasecore.HoldError
 // wrapping leasecore.ErrHeld when the statement returned no row. q is a
 // pool in production; the conformance harness passes an open transaction
 // to show why that is wrong (F2).
-func Acquire(ctx context.Context, q dbx.Querier, pkg, name, holder string, ttl, minTTL time.Duration) (leasecore.Grant, error) {
+func Acquire(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string, ttl, minTTL time.Duration) (leasecore.Grant, error) {
 	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
@@ -24,7 +23,7 @@ func Acquire(ctx context.Context, q dbx.Querier, pkg, name, holder string, ttl, 
 	// statement, so Start + TTL is never later than the server's expiry.
 	start := time.Now()
 	var token int64
-	err := q.QueryRow(ctx, pgsql.Acquire, name, holder, ttl.Microseconds()).Scan(&token)
+	err := q.QueryRow(ctx, stmt, name, holder, ttl.Microseconds()).Scan(&token)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return leasecore.Grant{}, &leasecore.HoldError{Op: "acquire", Name: name, Holder: holder, Err: leasecore.ErrHeld}

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
@@ -36,4 +37,59 @@ func Migrate(ctx context.Context, db dbx.DB, pkg, schema string) (err error) {
 		}
 	}
 	return MapError(ctx, pkg, op, tx.Commit(ctx))
+}
+
+// CheckSchema compares the tables of schema with want and, with
+// needReject, looks for the fence_reject function: a missing table or
+// column, a column of another type (an out-of-date schema, or a foreign
+// table of the same name) returns an error wrapping leasecore.ErrSchema
+// that names it. A role that cannot see a table (no privilege on it) sees
+// it as missing.
+func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsql.Column, needReject bool) error {
+	const op = "check schema"
+	if err := leasecore.CheckContext(op, ctx); err != nil {
+		return err
+	}
+	rows, err := db.Query(ctx, pgsql.Columns, schema)
+	if err != nil {
+		return MapError(ctx, pkg, op, err)
+	}
+	defer rows.Close()
+	have := map[[2]string]string{}
+	tables := map[string]bool{}
+	for rows.Next() {
+		var table, column, typ string
+		if err := rows.Scan(&table, &column, &typ); err != nil {
+			return MapError(ctx, pkg, op, err)
+		}
+		have[[2]string{table, column}] = typ
+		tables[table] = true
+	}
+	if err := rows.Err(); err != nil {
+		return MapError(ctx, pkg, op, err)
+	}
+	for _, c := range want {
+		typ, ok := have[[2]string{c.Table, c.Name}]
+		switch {
+		case !tables[c.Table]:
+			return fmt.Errorf("%s: %s: %w: table %s.%s is missing or not visible to this role (run Migrate as the owner, grant access to this role)",
+				pkg, op, leasecore.ErrSchema, schema, c.Table)
+		case !ok:
+			return fmt.Errorf("%s: %s: %w: table %s.%s has no column %s: it is out of date or not the library's (run Migrate, or choose another schema)",
+				pkg, op, leasecore.ErrSchema, schema, c.Table, c.Name)
+		case typ != c.Type:
+			return fmt.Errorf("%s: %s: %w: column %s.%s.%s is %s, want %s: the table is out of date or not the library's",
+				pkg, op, leasecore.ErrSchema, schema, c.Table, c.Name, typ, c.Type)
+		}
+	}
+	if needReject {
+		var ok bool
+		if err := db.QueryRow(ctx, pgsql.HasFenceReject, schema).Scan(&ok); err != nil {
+			return MapError(ctx, pkg, op, err)
+		}
+		if !ok {
+			return fmt.Errorf("%s: %s: %w: function %s.fence_reject is missing (run Migrate)", pkg, op, leasecore.ErrSchema, schema)
+		}
+	}
+	return nil
 }

@@ -15,8 +15,17 @@ import (
 // fence-pg, fenced or not. Each read is one statement; input is validated
 // first, and bad input or a done context returns before anything is sent.
 type Reader struct {
-	DB  dbx.DB
-	Pkg string // error prefix, e.g. "fencepg"
+	DB     dbx.DB
+	Pkg    string // error prefix, e.g. "fencepg"
+	Schema string // the tables' schema; empty: pgsql.DefaultSchema
+}
+
+// sql returns stmt in the reader's schema.
+func (r Reader) sql(stmt string) string {
+	if r.Schema == "" {
+		return stmt
+	}
+	return pgsql.InSchema(stmt, r.Schema)
 }
 
 // Floor implements leasecore.ResourceReader.
@@ -26,7 +35,7 @@ func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error
 		return 0, err
 	}
 	var floor int64
-	if err := r.DB.QueryRow(ctx, pgsql.ReadFloor, scope).Scan(&floor); err != nil {
+	if err := r.DB.QueryRow(ctx, r.sql(pgsql.ReadFloor), scope).Scan(&floor); err != nil {
 		return 0, MapError(ctx, r.Pkg, op, err)
 	}
 	return leasecore.Token(floor), nil
@@ -34,13 +43,13 @@ func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error
 
 // ReadPart implements leasecore.ResourceReader.
 func (r Reader) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
-	return r.readPart(ctx, scope, part, pgsql.ReadPart, scope, part)
+	return r.readPart(ctx, scope, part, r.sql(pgsql.ReadPart), scope, part)
 }
 
 // ReadPublished reads the part stored under business key instead: the
 // idempotent publisher's table.
 func (r Reader) ReadPublished(ctx context.Context, scope, part, key string) (leasecore.StoredPart, bool, error) {
-	return r.readPart(ctx, scope, part, pgsql.ReadPublished, key)
+	return r.readPart(ctx, scope, part, r.sql(pgsql.ReadPublished), key)
 }
 
 func (r Reader) readPart(ctx context.Context, scope, part, query string, args ...any) (leasecore.StoredPart, bool, error) {
@@ -67,7 +76,7 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 	if err := checkRead(ctx, op, scope); err != nil {
 		return nil, err
 	}
-	return r.attempts(ctx, op, scope, pgsql.Attempts, scope)
+	return r.attempts(ctx, op, scope, r.sql(pgsql.Attempts), scope)
 }
 
 // AttemptsSince reads at most q.Limit entries of q.Scope's log logged at or
@@ -77,7 +86,7 @@ func (r Reader) AttemptsSince(ctx context.Context, q leasecore.AttemptQuery) ([]
 	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
 		return nil, err
 	}
-	return r.attempts(ctx, op, q.Scope, pgsql.AttemptsSince, q.Scope, q.Since, q.Limit)
+	return r.attempts(ctx, op, q.Scope, r.sql(pgsql.AttemptsSince), q.Scope, q.Since, q.Limit)
 }
 
 func (r Reader) attempts(ctx context.Context, op, scope, query string, args ...any) ([]leasecore.Attempt, error) {

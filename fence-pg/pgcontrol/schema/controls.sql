@@ -3,7 +3,7 @@
 
 -- A stand-in for an external side effect that only deduplicates by
 -- business key (F9).
-CREATE TABLE IF NOT EXISTS published (
+CREATE TABLE IF NOT EXISTS leasefence.published (
   business_key text PRIMARY KEY,
   content      text NOT NULL,
   writer       text NOT NULL,

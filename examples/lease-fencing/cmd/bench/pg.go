@@ -18,13 +18,13 @@ import (
 
 // plainUpsert is the baseline: the plain single-statement upsert of the
 // same row, with the same durability, that an unfenced report job runs.
-const plainUpsert = `INSERT INTO report_part (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+const plainUpsert = `INSERT INTO leasefence.report_part (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
   token = EXCLUDED.token, written_at = clock_timestamp()`
 
 // The article's transaction-style fence: BEGIN; conditional floor UPDATE;
 // upsert; COMMIT — four round trips, the floor row locked across them.
-const articleFloorUpdate = `UPDATE fence_floor SET max_token = $1 WHERE scope = $2 AND max_token <= $1`
+const articleFloorUpdate = `UPDATE leasefence.fence_floor SET max_token = $1 WHERE scope = $2 AND max_token <= $1`
 
 const content = "rows=100 total=12345.67 generated for the daily report"
 
@@ -91,7 +91,7 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if err := e.res.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	_, err = e.resPool.Exec(ctx, `INSERT INTO fence_floor (scope, max_token) VALUES ('bench-article', 0)`)
+	_, err = e.resPool.Exec(ctx, `INSERT INTO leasefence.fence_floor (scope, max_token) VALUES ('bench-article', 0)`)
 	return e, err
 }
 
@@ -359,10 +359,10 @@ func (e *pgEnv) newScaleSet(ctx context.Context, n int) (_ *scaleSet, closePools
 		pool *pgxpool.Pool
 		sql  string
 	}{
-		{leasePool, `INSERT INTO lease (name, holder, token, expires_at)
+		{leasePool, `INSERT INTO leasefence.lease (name, holder, token, expires_at)
 			SELECT 'lease-' || g, 'bench', 1, '-infinity' FROM generate_series(1, $1) g`},
-		{resPool, `INSERT INTO fence_floor (scope, max_token) SELECT 'scope-' || g, 1 FROM generate_series(1, $1) g`},
-		{resPool, `INSERT INTO report_part (scope, part, content, writer, token)
+		{resPool, `INSERT INTO leasefence.fence_floor (scope, max_token) SELECT 'scope-' || g, 1 FROM generate_series(1, $1) g`},
+		{resPool, `INSERT INTO leasefence.report_part (scope, part, content, writer, token)
 			SELECT 'scope-' || g, 'summary', 'x', 'bench', 1 FROM generate_series(1, $1) g`},
 	} {
 		if _, err := st.pool.Exec(ctx, st.sql, n); err != nil {

@@ -1,0 +1,49 @@
+package pgsql
+
+import "strings"
+
+// DefaultSchema is the PostgreSQL schema every statement of this package
+// names its tables in. Keeping the library's tables in a schema of their
+// own means they never collide with the user's (a table called lease in
+// public, say). InSchema moves a statement to another schema.
+const DefaultSchema = "leasefence"
+
+// InSchema returns stmt with its tables (and function) in schema instead
+// of DefaultSchema. schema must have passed fencepg's identifier check: a
+// lower-case unquoted identifier needs no quoting.
+func InSchema(stmt, schema string) string {
+	if schema == DefaultSchema {
+		return stmt
+	}
+	return strings.ReplaceAll(stmt, DefaultSchema+".", schema+".")
+}
+
+// Column is one column a table of the library must have.
+type Column struct{ Table, Name, Type string }
+
+// LeaseColumns and ResourceColumns are what CheckSchema compares with the
+// catalog (information_schema.columns.data_type spelling).
+var (
+	LeaseColumns = []Column{
+		{"lease", "name", "text"}, {"lease", "holder", "text"}, {"lease", "token", "bigint"},
+		{"lease", "expires_at", "timestamp with time zone"},
+	}
+	ResourceColumns = []Column{
+		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"},
+		{"report_part", "scope", "text"}, {"report_part", "part", "text"}, {"report_part", "content", "text"},
+		{"report_part", "writer", "text"}, {"report_part", "token", "bigint"},
+		{"report_part", "written_at", "timestamp with time zone"},
+		{"write_attempt", "scope", "text"}, {"write_attempt", "id", "bigint"}, {"write_attempt", "part", "text"},
+		{"write_attempt", "writer", "text"}, {"write_attempt", "token", "bigint"},
+		{"write_attempt", "accepted", "boolean"}, {"write_attempt", "floor", "bigint"},
+		{"write_attempt", "attempted_at", "timestamp with time zone"},
+	}
+)
+
+// Columns reads the columns of schema $1's tables: table, column, type.
+const Columns = `SELECT table_name::text, column_name::text, data_type::text
+  FROM information_schema.columns WHERE table_schema = $1::text`
+
+// HasFenceReject reports whether schema $1 has the fence_reject function.
+const HasFenceReject = `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  WHERE n.nspname = $1::text AND p.proname = 'fence_reject')`
