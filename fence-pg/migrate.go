@@ -57,7 +57,7 @@ func LeaseDDL(schema string) (string, error) {
 	if err := checkSchemaName("lease ddl", schema); err != nil {
 		return "", err
 	}
-	return pgsql.InSchema(leaseSchema, schema), nil
+	return ddl(leaseSchema, schema), nil
 }
 
 // ResourceDDL returns the SQL that creates the fence's tables (fence_floor,
@@ -75,14 +75,19 @@ func ResourceDDL(schema string) (string, error) {
 	if err := checkSchemaName("resource ddl", schema); err != nil {
 		return "", err
 	}
-	return pgsql.InSchema(resourceSchema, schema), nil
+	return ddl(resourceSchema, schema), nil
+}
+
+// ddl is script in schema, preceded by the schema's creation.
+func ddl(script, schema string) string {
+	return "CREATE SCHEMA IF NOT EXISTS " + schema + ";\n" + pgsql.InSchema(script, schema)
 }
 
 // Migrate creates the lease table in the lease database if it does not
 // exist, then runs CheckSchema. It is idempotent, and two processes
 // running it at once serialise on an advisory lock inside its transaction.
 func (s *LeaseStore) Migrate(ctx context.Context) error {
-	if err := pgstore.Migrate(ctx, s.db, pkg, pgsql.InSchema(leaseSchema, s.schema)); err != nil {
+	if err := pgstore.Migrate(ctx, s.db, pkg, ddl(leaseSchema, s.schema)); err != nil {
 		return err
 	}
 	return s.CheckSchema(ctx)

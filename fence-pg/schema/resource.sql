@@ -1,6 +1,5 @@
 -- The resource database; applied by Resource.Migrate. It never holds lease
 -- state: the resource decides from its own floor only.
-CREATE SCHEMA IF NOT EXISTS leasefence;
 
 -- The largest token accepted per scope (I3).
 CREATE TABLE IF NOT EXISTS leasefence.fence_floor (
