@@ -95,7 +95,7 @@ type Option func(*config)
 type ResourceOption = Option
 
 type config struct {
-	schema string
+	schema          string
 	log             leasecore.AttemptLog
 	lockTimeout     time.Duration
 	idleInTxTimeout time.Duration
