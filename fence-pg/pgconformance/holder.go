@@ -30,7 +30,7 @@ type holderSpec struct {
 // test binary from TestMain, the lab from its holder subcommand).
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
 	switch kind {
-	case conformance.KindFenced, conformance.KindUnfenced:
+	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst:
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
@@ -76,7 +76,8 @@ func HolderMain() int {
 }
 
 // OpenHolderResource opens the resource a holder process writes to: the
-// fenced resource, or the unfenced negative control, on the resource
+// fenced resource, the unfenced negative control, the suite's user tables
+// behind fencepg.Fence, or the marker-first control, on the resource
 // database with driver. A holder whose lease lives on another backend (the
 // etcd-lease, PostgreSQL-resource pairing) uses it too. close closes the
 // pool.
@@ -99,7 +100,7 @@ func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformanc
 			res = controls.Unfenced()
 		}
 	default:
-		err = fmt.Errorf("%s: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+		res, err = holderUserResource(pool, kind)
 	}
 	if err != nil {
 		return nil, nil, err

@@ -103,6 +103,7 @@ var (
 	_ conformance.NegativeControls   = (*harness)(nil)
 	_ conformance.HolderProcesses    = (*harness)(nil)
 	_ conformance.CrashRestarter     = (*harness)(nil)
+	_ conformance.UserDataResources  = (*harness)(nil)
 )
 
 func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
@@ -134,6 +135,9 @@ func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
 		return nil, err
 	}
 	if err := controls.Migrate(ctx); err != nil { // fencepg's resource tables too
+		return nil, err
+	}
+	if err := migrateUser(ctx, h.resAdmin); err != nil {
 		return nil, err
 	}
 	for _, t := range []struct {

@@ -1,0 +1,257 @@
+package pgconformance
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasefence/leasefence/conformance"
+	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// The suite's own user tables, in the application's schema (public), as a
+// user's job would have them: a run's header and its line, both written in
+// the fenced transaction. They are the suite's, not the library's: the
+// library's tables stay in their own schema.
+var userTables = []string{"conformance_job_run", "conformance_job_line"}
+
+const userSchema = `
+CREATE TABLE IF NOT EXISTS public.conformance_job_run (
+  scope text, part text, content text NOT NULL, writer text NOT NULL, token bigint NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT clock_timestamp(), PRIMARY KEY (scope, part));
+CREATE TABLE IF NOT EXISTS public.conformance_job_line (
+  scope text, part text, content text NOT NULL, writer text NOT NULL, token bigint NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT clock_timestamp(), PRIMARY KEY (scope, part));
+TRUNCATE public.conformance_job_run, public.conformance_job_line`
+
+// upsertUserRow writes one user table's row: $1 scope, $2 part, $3
+// content, $4 writer, $5 token. The table name is one of userTables.
+func upsertUserRow(table string) string {
+	return `INSERT INTO public.` + table + ` (scope, part, content, writer, token)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::bigint)
+ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
+  token = EXCLUDED.token, written_at = clock_timestamp()`
+}
+
+func readUserRow(table string) string {
+	return `SELECT content, writer, token, written_at FROM public.` + table + ` WHERE scope = $1 AND part = $2`
+}
+
+// migrateUser creates (or empties) the user tables.
+func migrateUser(ctx context.Context, db dbx.DB) error {
+	if _, err := db.Exec(ctx, userSchema); err != nil {
+		return pgstore.MapError(ctx, pkg, "user tables", err)
+	}
+	return nil
+}
+
+// UserDataResource implements conformance.UserDataResources: the suite's
+// rows written through fencepg.Fence as a user writes them — RunTx on pgx,
+// RunSQLTx on database/sql — with every check logged.
+func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (conformance.UserResource, error) {
+	c, err := h.open(ctx, h.cfg.ResourceDSN, resourceConns)
+	if err != nil {
+		return nil, err
+	}
+	return newUserResource(c, gap)
+}
+
+// MarkerFirstResource implements conformance.UserDataResources: the
+// marker through the fenced part store, then the rows in a second
+// transaction with no fence.
+func (h *harness) MarkerFirstResource(ctx context.Context) (conformance.MarkerFirst, error) {
+	c, err := h.open(ctx, h.cfg.ResourceDSN, resourceConns)
+	if err != nil {
+		return nil, err
+	}
+	return newMarkerFirst(c)
+}
+
+// userRows reads the user tables; the readers of both user resources.
+type userRows struct{ db dbx.DB }
+
+// Rows implements conformance.UserResource.
+func (u userRows) Rows(ctx context.Context, scope, part string) ([]conformance.UserRow, error) {
+	const op = "user rows"
+	for _, err := range []error{leasecore.CheckName(op, "scope", scope), leasecore.CheckName(op, "part", part),
+		leasecore.CheckContext(op, ctx)} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	out := make([]conformance.UserRow, len(userTables))
+	for i, table := range userTables {
+		out[i].Table = table
+		p := leasecore.StoredPart{Scope: scope, Part: part}
+		var token int64
+		err := u.db.QueryRow(ctx, readUserRow(table), scope, part).Scan(&p.Content, &p.Writer, &token, &p.WrittenAt)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+		case err != nil:
+			return nil, pgstore.MapError(ctx, pkg, op, err)
+		default:
+			p.Token = leasecore.Token(token)
+			out[i].Found, out[i].Row = true, p
+		}
+	}
+	return out, nil
+}
+
+// ReadPart implements leasecore.ResourceReader: the first user table.
+func (u userRows) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
+	rows, err := u.Rows(ctx, scope, part)
+	if err != nil {
+		return leasecore.StoredPart{}, false, err
+	}
+	return rows[0].Row, rows[0].Found, nil
+}
+
+// userResource is conformance.UserResource on fencepg.Fence.
+type userResource struct {
+	userRows
+	fence *fencepg.Fence
+	pool  pgopen.Pool
+	gap   conformance.Gap
+}
+
+func newUserResource(c pgopen.Pool, gap conformance.Gap) (*userResource, error) {
+	var fence *fencepg.Fence
+	var err error
+	if c.Pgx != nil {
+		fence, err = fencepg.NewFence(c.Pgx, logAll)
+	} else {
+		fence, err = fencepg.NewFenceDB(c.SQL, logAll)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &userResource{userRows: userRows{c.DB()}, fence: fence, pool: c, gap: gap}, nil
+}
+
+// Write implements leasecore.FencedResource: one fenced transaction that
+// writes the row of every user table, then (F6u) waits in gap before the
+// commit.
+func (r *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	args := []any{w.Scope, w.Part, w.Content, w.Writer, int64(w.Token)}
+	after := func() error {
+		if r.gap == nil {
+			return nil
+		}
+		return r.gap(ctx, w)
+	}
+	c := leasecore.ClaimOf(w)
+	if r.pool.Pgx != nil {
+		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+			for _, table := range userTables {
+				if _, err := tx.Exec(ctx, upsertUserRow(table), args...); err != nil {
+					return err
+				}
+			}
+			return after()
+		})
+	}
+	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+		for _, table := range userTables {
+			if _, err := tx.ExecContext(ctx, upsertUserRow(table), args...); err != nil {
+				return err
+			}
+		}
+		return after()
+	})
+}
+
+// Advance implements conformance.Advancer with fencepg.Fence.Advance.
+func (r *userResource) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+	return r.fence.Advance(ctx, c)
+}
+
+// Floor implements leasecore.ResourceReader: the fence's floor.
+func (r *userResource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	return r.fence.Floor(ctx, scope)
+}
+
+// Attempts implements leasecore.ResourceReader: the fence's whole log.
+func (r *userResource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
+	return r.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: scope, Limit: leasecore.MaxAttemptsRead})
+}
+
+// markerFirst is the negative control: Prepare is the part store's fenced
+// write of a marker; Write upserts the user rows in a transaction of its
+// own, with no fence.
+type markerFirst struct {
+	userRows
+	parts *fencepg.Resource
+}
+
+var _ conformance.Preparer = (*markerFirst)(nil)
+
+func newMarkerFirst(c pgopen.Pool) (*markerFirst, error) {
+	parts, err := c.Resource(logAll)
+	if err != nil {
+		return nil, err
+	}
+	return &markerFirst{userRows: userRows{c.DB()}, parts: parts}, nil
+}
+
+// Prepare writes the marker: the fenced part store's own write.
+func (m *markerFirst) Prepare(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	return m.parts.Write(ctx, w)
+}
+
+// Write upserts the rows without any check: whoever writes last wins.
+func (m *markerFirst) Write(ctx context.Context, w leasecore.Write) (res leasecore.Result, err error) {
+	const op = "marker-first rows"
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	tx, err := m.db.Begin(ctx)
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	for _, table := range userTables {
+		if _, err = tx.Exec(ctx, upsertUserRow(table), w.Scope, w.Part, w.Content, w.Writer, int64(w.Token)); err != nil {
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		}
+	}
+	if err = tx.Commit(ctx); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return leasecore.Result{Accepted: true}, nil
+}
+
+// Floor implements leasecore.ResourceReader: the part store's floor, where
+// the markers went.
+func (m *markerFirst) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	return m.parts.Floor(ctx, scope)
+}
+
+// Attempts implements leasecore.ResourceReader: the part store's log.
+func (m *markerFirst) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
+	return m.parts.Attempts(ctx, scope)
+}
+
+// holderUserResource opens the resource of a user-data holder kind on c.
+func holderUserResource(c pgopen.Pool, kind conformance.ResourceKind) (leasecore.FencedResource, error) {
+	switch kind {
+	case conformance.KindUserData:
+		return newUserResource(c, nil)
+	case conformance.KindMarkerFirst:
+		return newMarkerFirst(c)
+	}
+	return nil, fmt.Errorf("%s: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+}
