@@ -64,6 +64,7 @@ var (
 	_ conformance.CommitGapResources = (*harness)(nil)
 	_ conformance.LockWaitProbe      = (*harness)(nil)
 	_ conformance.HolderProcesses    = (*harness)(nil)
+	_ conformance.UserDataResources  = (*harness)(nil)
 )
 
 // Traits: timing and tokens follow the lease backend.
@@ -116,6 +117,14 @@ func (h *harness) IdempotentPublisher(ctx context.Context) (conformance.Resource
 
 func (h *harness) FencedResourceWithGap(ctx context.Context, gap conformance.Gap) (conformance.Resource, error) {
 	return h.pg.(conformance.CommitGapResources).FencedResourceWithGap(ctx, gap)
+}
+
+func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (conformance.UserResource, error) {
+	return h.pg.(conformance.UserDataResources).UserDataResource(ctx, gap)
+}
+
+func (h *harness) MarkerFirstResource(ctx context.Context) (conformance.MarkerFirst, error) {
+	return h.pg.(conformance.UserDataResources).MarkerFirstResource(ctx)
 }
 
 func (h *harness) LockWaits(ctx context.Context) ([]string, error) {
