@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"os"
 	"os/exec"
 	"strings"
@@ -116,17 +115,24 @@ func TestPausedInstanceIsRejected(t *testing.T) {
 		t.Fatalf("instance A's stale write was not rejected:\n%s", all)
 	}
 
+	// The report's own tables hold B's report only: header and every line.
 	rpool, err := pgxpool.New(ctx, resDSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rpool.Close()
-	res, err := fencepg.NewResource(rpool)
+	var builtBy string
+	var token int64
+	var lineCount, bLines, aRows int
+	err = rpool.QueryRow(ctx, `SELECT built_by, token, line_count,
+		(SELECT count(*) FROM report_line WHERE scope = 'daily-report' AND text LIKE '%built by holder-b%'),
+		(SELECT count(*) FROM report_line WHERE text LIKE '%holder-a%')
+		FROM report_header WHERE scope = 'daily-report'`).Scan(&builtBy, &token, &lineCount, &bLines, &aRows)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, ok, err := res.ReadPart(context.Background(), "daily-report", "summary")
-	if err != nil || !ok || p.Writer != "holder-b" || p.Token != 2 {
-		t.Fatalf("summary = %+v (ok=%v, err=%v), want holder-b's with token 2", p, ok, err)
+	if builtBy != "holder-b" || token != 2 || lineCount != reportLines || bLines != reportLines || aRows != 0 {
+		t.Fatalf("report tables: header by %s token %d with %d lines, %d lines by holder-b, %d rows of holder-a; want B's header and %d lines, none of A's",
+			builtBy, token, lineCount, bLines, aRows, reportLines)
 	}
 }
