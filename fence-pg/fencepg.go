@@ -1,11 +1,19 @@
 // Package fencepg provides a PostgreSQL lease service that issues fencing
-// tokens (LeaseStore) and a PostgreSQL resource that checks them (Resource),
-// implementing the interfaces of package leasecore.
+// tokens (LeaseStore), the fence that checks them inside the caller's own
+// transaction (Fence), and the article's part store built on that fence
+// (Resource), implementing the interfaces of package leasecore.
 //
-// The two live in two different databases, each with its own pool:
-// LeaseStore on the lease database, Resource on the resource database. The
-// resource never reads the lease table; it decides from the largest token it
-// has accepted per scope (its floor).
+// The lease service and the fence may live in two different databases,
+// each with its own pool: LeaseStore on the lease database, Fence on the
+// database of the data it protects (the caller's tables and the fence's
+// floor must share a transaction). The fence never reads the lease table;
+// it decides from the largest token it has accepted per scope (its floor).
+//
+// The library's tables live in a schema of their own, DefaultSchema
+// ("leasefence") unless WithSchema names another, so they never collide
+// with the application's. Migrate creates them; LeaseDDL and ResourceDDL
+// give the same DDL to a migration tool, with the grants a runtime role
+// needs; CheckSchema reports missing or foreign tables at start-up.
 //
 // Every lease operation is one statement in autocommit mode, sent in one
 // request. The stores take a pool — a *pgxpool.Pool (pgx/v5) or a *sql.DB
