@@ -284,7 +284,8 @@ func (l *lab) say(format string, args ...any) {
 	fmt.Fprintf(l.progress, "lab: "+format+"\n", args...)
 }
 
-// drawTimelines writes F4's and F5's recorded timelines as SVG pictures.
+// drawTimelines writes the recorded timelines of the paused-holder cases
+// (F4, F5, and their user-data forms F4u, F4m) as SVG pictures.
 func (l *lab) drawTimelines(sum conformance.Summary, cfg config) error {
 	for _, r := range sum.Cases {
 		var name, title string
@@ -293,6 +294,10 @@ func (l *lab) drawTimelines(sum conformance.Summary, cfg config) error {
 			name, title = "f4-timeline.svg", "F4: paused stale holder against the fenced resource ("+cfg.title+")"
 		case "F5":
 			name, title = "f5-timeline.svg", "F5: the same timeline against the unfenced resource ("+cfg.title+")"
+		case "F4u":
+			name, title = "f4u-timeline.svg", "F4u: paused stale holder, the job's own tables in one fenced transaction ("+cfg.title+")"
+		case "F4m":
+			name, title = "f4m-timeline.svg", "F4m: the same timeline, marker first and rows second with no fence ("+cfg.title+")"
 		default:
 			continue
 		}
