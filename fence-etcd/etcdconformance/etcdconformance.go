@@ -1,7 +1,8 @@
 // Package etcdconformance provides the etcd harness for the leasefence
 // conformance suite: fenceetcd's lease store and fenced resource,
-// etcdcontrol's negative controls, holder processes (F4, F5) and a server
-// crash (F8).
+// etcdcontrol's negative controls, the suite's own user data behind a
+// fenceetcd.Fence (F1u, F4u, F4m, F6u, F7u, F10u: keys under <prefix>/user/),
+// holder processes (F4, F5, F4u, F4m) and a server crash (F8).
 //
 //	func TestConformance(t *testing.T) {
 //		srv := etcdtemp.StartTB(t)
@@ -101,10 +102,11 @@ type harness struct {
 }
 
 var (
-	_ conformance.Harness          = (*harness)(nil)
-	_ conformance.NegativeControls = (*harness)(nil)
-	_ conformance.HolderProcesses  = (*harness)(nil)
-	_ conformance.CrashRestarter   = (*harness)(nil)
+	_ conformance.Harness           = (*harness)(nil)
+	_ conformance.NegativeControls  = (*harness)(nil)
+	_ conformance.HolderProcesses   = (*harness)(nil)
+	_ conformance.CrashRestarter    = (*harness)(nil)
+	_ conformance.UserDataResources = (*harness)(nil)
 )
 
 // Traits implements conformance.Harness.

@@ -36,7 +36,7 @@ type holderSpec struct {
 // from TestMain, the lab from its holder subcommand).
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
 	switch kind {
-	case conformance.KindFenced, conformance.KindUnfenced:
+	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst:
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
@@ -87,6 +87,10 @@ func HolderMain() int {
 			if controls, err = etcdcontrol.New(cli, prefix); err == nil {
 				res = controls.Unfenced()
 			}
+		case conformance.KindUserData: // no Prepare: PREPARE answers "none"
+			res, err = newUserResource(cli, spec.Prefix)
+		case conformance.KindMarkerFirst: // Prepare writes the marker
+			res, err = newMarkerFirst(cli, spec.Prefix)
 		default:
 			err = errors.New("unknown resource kind " + string(spec.Kind))
 		}
