@@ -118,3 +118,44 @@ func TestFreshPrefixes(t *testing.T) {
 		t.Fatalf("no endpoints: %v", err)
 	}
 }
+
+// TestUserDataShape: the holder kinds of the user data are accepted, the
+// fenced user resource has no Prepare (its PREPARE answers "none") and the
+// marker-first control has one, user keys of different (scope, part)
+// pairs never collide, and a commit gap, which no etcd Txn can hold, is
+// refused rather than ignored.
+func TestUserDataShape(t *testing.T) {
+	ch, err := New(Config{Endpoints: []string{"http://127.0.0.1:1"}, HolderArgs: []string{"-test.run=^$"}})(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := ch.(*harness)
+	for _, kind := range []conformance.ResourceKind{conformance.KindUserData, conformance.KindMarkerFirst} {
+		if _, err := h.HolderCommand(context.Background(), kind); err != nil {
+			t.Errorf("holder command for %q: %v", kind, err)
+		}
+	}
+	if _, ok := any(&userResource{}).(conformance.Preparer); ok {
+		t.Error("the fenced user resource implements conformance.Preparer: F4u's PREPARE would not answer none")
+	}
+	if _, ok := any(&markerFirst{}).(conformance.Preparer); !ok {
+		t.Error("the marker-first control does not implement conformance.Preparer")
+	}
+	seen := map[string][2]string{}
+	for _, sp := range [][2]string{{"a", "b/c"}, {"a/b", "c"}, {"a%2Fb", "c"}, {"a", "b%2Fc"}, {"a", "b"}, {"b", "a"}} {
+		for _, table := range userTables {
+			k := userKey(h.prefix, table, sp[0], sp[1])
+			if prev, dup := seen[k]; dup {
+				t.Errorf("scope/part %q and %q share the key %q", prev, sp, k)
+			}
+			seen[k] = sp
+		}
+	}
+	gap := func(context.Context, leasecore.Write) error { return nil }
+	if _, err := h.UserDataResource(context.Background(), gap); !errors.Is(err, leasecore.ErrInvalidArgument) {
+		t.Errorf("user data resource with a gap: %v, want ErrInvalidArgument", err)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
