@@ -367,10 +367,7 @@ func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]lease
 // *leasecore.ArgError before anything is sent. Floors are never pruned.
 func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
 	const op = "prune attempts"
-	if err := leasecore.CheckName(op, "scope", scope); err != nil {
-		return 0, err
-	}
-	if err := leasecore.CheckPruneBefore(ctx, op, before); err != nil {
+	if err := leasecore.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err
 	}
 	resp, err := f.kv.Delete(ctx, f.layout.AttemptPrefix(scope), clientv3.WithRange(f.layout.AttemptsAt(scope, before)))

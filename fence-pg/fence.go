@@ -558,10 +558,7 @@ func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]lease
 // before (by the database clock) and returns how many it deleted.
 func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
 	const op = "prune attempts"
-	if err := leasecore.CheckName(op, "scope", scope); err != nil {
-		return 0, err
-	}
-	if err := leasecore.CheckPruneBefore(ctx, op, before); err != nil {
+	if err := leasecore.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err
 	}
 	n, err := f.db.Exec(ctx, f.stmt.prune, scope, before)

@@ -98,10 +98,13 @@ func CheckAttemptQuery(ctx context.Context, op string, q AttemptQuery) error {
 	return CheckContext(op, ctx)
 }
 
-// CheckPruneBefore validates the bound of a prune of the attempt log: a
-// set time that is not in the future (pruning entries not yet written
-// would be a unit mistake).
-func CheckPruneBefore(ctx context.Context, op string, before time.Time) error {
+// CheckPrune validates a prune of scope's attempt log: a valid scope name
+// and a set bound that is not in the future (pruning entries not yet
+// written would be a unit mistake), and a live context.
+func CheckPrune(ctx context.Context, op, scope string, before time.Time) error {
+	if err := CheckName(op, "scope", scope); err != nil {
+		return err
+	}
 	if before.IsZero() {
 		return &ArgError{Op: op, Field: "before", Reason: "must be set"}
 	}
