@@ -360,6 +360,13 @@ func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]lease
 	return out, nil
 }
 
+// Floor returns the scope's floor, 0 when the scope never accepted a
+// check: one Range. For dashboards and tests; nothing should decide to
+// write from it (the answer is stale when it arrives): Commit decides.
+func (f *Fence) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+	return etcdkv.Reader{KV: f.kv, Layout: f.layout, Pkg: pkg}.Floor(ctx, scope)
+}
+
 // PruneAttempts deletes the entries of the scope's attempt log made before
 // before (by their writers' clocks, see Attempts) with one DeleteRange and
 // returns how many keys it deleted (a batch's entry is one key). before

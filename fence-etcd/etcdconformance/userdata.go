@@ -98,8 +98,7 @@ func (d userData) ReadPart(ctx context.Context, scope, part string) (leasecore.S
 // Prepare: its write is one step.
 type userResource struct {
 	userData
-	fence  *fenceetcd.Fence
-	reader etcdkv.Reader // the floor's key (the Fence has no floor read)
+	fence *fenceetcd.Fence
 }
 
 var _ conformance.UserResource = (*userResource)(nil)
@@ -111,14 +110,7 @@ func newUserResource(cli *clientv3.Client, prefix string) (*userResource, error)
 	if err != nil {
 		return nil, err
 	}
-	opts := etcdkv.NewOptions()
-	opts.Prefix = prefix
-	layout, err := etcdkv.NewLayout("user data resource", opts)
-	if err != nil {
-		return nil, err
-	}
-	return &userResource{userData: userData{kv: cli.KV, prefix: prefix}, fence: fence,
-		reader: etcdkv.Reader{KV: cli.KV, Layout: layout, Pkg: pkg}}, nil
+	return &userResource{userData: userData{kv: cli.KV, prefix: prefix}, fence: fence}, nil
 }
 
 // Write implements leasecore.FencedResource: both user keys and the
@@ -141,7 +133,7 @@ func (u *userResource) Advance(ctx context.Context, c leasecore.Claim) (leasecor
 
 // Floor implements leasecore.ResourceReader: the fence's floor.
 func (u *userResource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
-	return u.reader.Floor(ctx, scope)
+	return u.fence.Floor(ctx, scope)
 }
 
 // Attempts implements leasecore.ResourceReader: the fence's attempt log,
