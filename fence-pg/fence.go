@@ -88,11 +88,9 @@ const (
 	DefaultLockTimeout = 10 * time.Second
 )
 
-// Option configures NewFence, NewFenceDB, NewResource and NewResourceDB.
+// Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
+// (WithSchema only) NewLeaseStore and NewLeaseStoreDB.
 type Option func(*config)
-
-// ResourceOption is the former name of Option.
-type ResourceOption = Option
 
 type config struct {
 	schema          string

@@ -94,7 +94,7 @@ func (p Pool) LeaseStore() (*fencepg.LeaseStore, error) {
 }
 
 // Resource returns a fencepg.Resource on the pool.
-func (p Pool) Resource(opts ...fencepg.ResourceOption) (*fencepg.Resource, error) {
+func (p Pool) Resource(opts ...fencepg.Option) (*fencepg.Resource, error) {
 	if p.Pgx != nil {
 		return fencepg.NewResource(p.Pgx, opts...)
 	}
