@@ -95,6 +95,19 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 		return nil, errors.New("the fenced write's part key is not where the bench expects it")
 	}
 	record := string(stored.Kvs[0].Value)
+	// The caller's own Txn under the fence: the guard (the floor equals
+	// the token) as its only compare, the caller's Put as its Then; the
+	// floor was advanced to the token once beforehand, as a new holder
+	// does right after it acquires.
+	fence, err := fenceetcd.NewFence(e.cli, fenceetcd.WithPrefix("/bench/fenced"))
+	if err != nil {
+		return nil, err
+	}
+	guarded := leasecore.Claim{Scope: "user-guarded", Writer: "holder-a", Token: 1}
+	if r, err := fence.Advance(ctx, guarded); err != nil || !r.Accepted {
+		return nil, errors.Join(err, fmt.Errorf("advance: %+v", r))
+	}
+	const plainKey = "/bench/plain/part/daily-report/summary"
 	var shards []leasecore.Grant
 	for i := range 1000 {
 		g, err := leases.Acquire(ctx, fmt.Sprintf("shard-%04d", i), "bench-shards", 60*time.Second)
@@ -105,7 +118,15 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 	}
 	return []variant{
 		{name: "etcd_put", perOp: 1, op: func() error {
-			_, err := e.cli.Put(ctx, "/bench/plain/part/daily-report/summary", record)
+			_, err := e.cli.Put(ctx, plainKey, record)
+			return err
+		}},
+		// The same key and value as etcd_put, in a Txn guarded by the fence.
+		{name: "etcd_guarded_txn", perOp: 1, op: func() error {
+			r, err := e.cli.Txn(ctx).If(fence.Guard(guarded)).Then(clientv3.OpPut(plainKey, record)).Commit()
+			if err == nil && !r.Succeeded {
+				err = errors.New("guarded txn: the guard failed")
+			}
 			return err
 		}},
 		{name: "etcd_put_content_only", perOp: 1, op: func() error {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
@@ -28,6 +29,29 @@ const articleFloorUpdate = `UPDATE leasefence.fence_floor SET max_token = $1 WHE
 
 const content = "rows=100 total=12345.67 generated for the daily report"
 
+// userTable is the caller's own table for the user-data variants: the
+// bench's, in the public schema, with the same columns and key as the
+// part store's report_part, so its upsert writes the same row shape as the
+// baseline's.
+const userTable = `CREATE TABLE public.bench_part (
+  scope      text,
+  part       text,
+  content    text NOT NULL,
+  writer     text NOT NULL,
+  token      bigint NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  PRIMARY KEY (scope, part)
+)`
+
+// userUpsert is the caller's statement in the user_tx variants: the
+// baseline's upsert, on the caller's table. (pipeline_fenced, whose
+// baseline is unfenced_upsert itself, sends plainUpsert: the very
+// statement and table of its baseline, so the fence is the only
+// difference.)
+const userUpsert = `INSERT INTO public.bench_part (scope, part, content, writer, token) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
+  token = EXCLUDED.token, written_at = clock_timestamp()`
+
 // pgEnv is a throwaway cluster with a lease database and a report
 // database, and pools on both.
 type pgEnv struct {
@@ -38,6 +62,7 @@ type pgEnv struct {
 	leases    *fencepg.LeaseStore
 	res       *fencepg.Resource
 	parRes    *fencepg.Resource
+	fence     *fencepg.Fence // default options, for the caller's own rows in bench_part
 }
 
 // clients is the number of concurrent writers in the contention variants.
@@ -85,10 +110,16 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if e.parRes, err = fencepg.NewResource(e.par); err != nil {
 		return nil, err
 	}
+	if e.fence, err = fencepg.NewFence(e.resPool); err != nil {
+		return nil, err
+	}
 	if err := e.leases.Migrate(ctx); err != nil {
 		return nil, err
 	}
 	if err := e.res.Migrate(ctx); err != nil {
+		return nil, err
+	}
+	if _, err := e.resPool.Exec(ctx, userTable); err != nil {
 		return nil, err
 	}
 	_, err = e.resPool.Exec(ctx, `INSERT INTO leasefence.fence_floor (scope, max_token) VALUES ('bench-article', 0)`)
@@ -156,10 +187,40 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 	fenced := leasecore.Write{Scope: "bench-fenced", Part: "summary", Content: content, Writer: "holder-a", Token: 1}
 	batch := leasecore.Batch{Scope: "bench-batch", Writer: "holder-a", Token: 1,
 		Parts: []leasecore.PartContent{{Part: "summary", Content: content}, {Part: "detail", Content: content}}}
+	// The caller's own transaction and pipeline: one holder writing again
+	// and again under one token, as a real holder does, so after the first
+	// write the floor equals the token and the check takes its fast path
+	// (the floor row locked in share mode, no new version of it).
+	txClaim := leasecore.Claim{Scope: "bench-user-tx", Writer: "holder-a", Token: 1}
+	pipeClaim := leasecore.Claim{Scope: "bench-pipeline", Writer: "holder-a", Token: 1}
 	return []variant{
 		{name: "unfenced_upsert", perOp: 1, op: func() error {
 			_, err := e.resPool.Exec(ctx, plainUpsert, "bench-plain", "summary", content, "holder-a", 1)
 			return err
+		}},
+		// select_1 is one round trip that writes nothing and commits
+		// nothing: unfenced_upsert minus select_1 is what a durable commit
+		// (WAL write and fsync) and a row write cost in this run.
+		{name: "select_1", perOp: 1, op: func() error {
+			var one int
+			return e.resPool.QueryRow(ctx, `SELECT 1`).Scan(&one)
+		}},
+		{name: "user_tx_unfenced", perOp: 1, op: func() error {
+			return pgx.BeginFunc(ctx, e.resPool, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, userUpsert, "bench-user-tx-plain", "summary", content, "holder-a", 1)
+				return err
+			})
+		}},
+		{name: "user_tx_fenced", perOp: 1, op: func() error {
+			return mustAccept(e.fence.RunTx(ctx, txClaim, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, userUpsert, "bench-user-tx", "summary", content, "holder-a", 1)
+				return err
+			}))
+		}},
+		{name: "pipeline_fenced", perOp: 1, op: func() error {
+			b := &pgx.Batch{}
+			b.Queue(plainUpsert, "bench-pipeline", "summary", content, "holder-a", 1)
+			return mustAccept(e.fence.SendBatch(ctx, e.resPool, pipeClaim, b))
 		}},
 		{name: "fenced_write", perOp: 1, op: func() error {
 			return mustAccept(e.res.Write(ctx, fenced))

@@ -37,24 +37,39 @@ func (v variant) bench(b *testing.B) {
 }
 
 // ratio is one RATIO line: the median over rounds of the time per op of
-// num divided by that of den, the two measured together in each round.
-type ratio struct{ name, num, den string }
+// num divided by that of den, the two measured together in each round. An
+// info ratio is measured the same way but reported as a comment line, not
+// as a RATIO (the commit cost).
+type ratio struct {
+	name, num, den string
+	info           bool
+}
 
 // ratios are the report's RATIO lines, in order. The concurrent variants
 // compare throughput (ops/s): the inverse ratio of their ns/op, so their
 // num and den are swapped.
 var ratios = []ratio{
-	{"fenced_write/unfenced_upsert", "fenced_write", "unfenced_upsert"},
-	{"article_txn_fence/unfenced_upsert", "article_txn_fence", "unfenced_upsert"},
-	{"batch2_per_part/unfenced_upsert", "batch2_per_part", "unfenced_upsert"},
-	{"acquire/unfenced_upsert", "acquire", "unfenced_upsert"},
-	{"renew/unfenced_upsert", "renew", "unfenced_upsert"},
-	{"renew_1000_leases_per_lease/renew", "renew_1000_leases_per_lease", "renew"},
-	{"fenced_8_scopes_8_clients/unfenced_8_clients", "unfenced_8_clients", "fenced_8_scopes_8_clients"},
-	{"fenced_1_scope_8_clients/unfenced_8_clients", "unfenced_8_clients", "fenced_1_scope_8_clients"},
-	{"etcd_fenced_write/etcd_put", "etcd_fenced_write", "etcd_put"},
-	{"etcd_acquire_release/etcd_mutex_lock_unlock", "etcd_acquire_release", "etcd_mutex_lock_unlock"},
+	{name: "fenced_write/unfenced_upsert", num: "fenced_write", den: "unfenced_upsert"},
+	{name: "user_tx_fenced/user_tx_unfenced", num: "user_tx_fenced", den: "user_tx_unfenced"},
+	{name: "pipeline_fenced/unfenced_upsert", num: "pipeline_fenced", den: "unfenced_upsert"},
+	{name: "article_txn_fence/unfenced_upsert", num: "article_txn_fence", den: "unfenced_upsert"},
+	{name: "batch2_per_part/unfenced_upsert", num: "batch2_per_part", den: "unfenced_upsert"},
+	{name: "acquire/unfenced_upsert", num: "acquire", den: "unfenced_upsert"},
+	{name: "renew/unfenced_upsert", num: "renew", den: "unfenced_upsert"},
+	{name: "renew_1000_leases_per_lease/renew", num: "renew_1000_leases_per_lease", den: "renew"},
+	{name: "fenced_8_scopes_8_clients/unfenced_8_clients", num: "unfenced_8_clients", den: "fenced_8_scopes_8_clients"},
+	{name: "fenced_1_scope_8_clients/unfenced_8_clients", num: "unfenced_8_clients", den: "fenced_1_scope_8_clients"},
+	{name: "etcd_guarded_txn/etcd_put", num: "etcd_guarded_txn", den: "etcd_put"},
+	{name: "etcd_fenced_write/etcd_put", num: "etcd_fenced_write", den: "etcd_put"},
+	{name: "etcd_acquire_release/etcd_mutex_lock_unlock", num: "etcd_acquire_release", den: "etcd_mutex_lock_unlock"},
+	// What a durable commit costs in this run: a single-row upsert against
+	// a round trip that commits nothing (see commitCost).
+	{name: commitCostRatio, num: "unfenced_upsert", den: "select_1", info: true},
 }
+
+// commitCostRatio is the info ratio behind the report's "# commit cost:"
+// line.
+const commitCostRatio = "unfenced_upsert/select_1"
 
 // unit is what a round runs at once: a ratio's two variants, or one
 // variant that is in no ratio.
@@ -90,13 +105,16 @@ type sampler struct {
 	// table reports (they do not depend on the machine's speed).
 	ns   map[string][]float64
 	warm map[string]testing.BenchmarkResult
-	// perRatio holds each ratio's value of every round.
+	// perRatio holds each ratio's value of every round; pairs holds the
+	// two times per op (num, den) it was computed from.
 	perRatio map[string][]float64
+	pairs    map[string][][2]float64
 }
 
 func newSampler(ctx context.Context, say func(string, ...any), rounds int, variants []variant) (*sampler, error) {
 	s := &sampler{ctx: ctx, say: say, rounds: rounds, byName: map[string]variant{},
-		ns: map[string][]float64{}, warm: map[string]testing.BenchmarkResult{}, perRatio: map[string][]float64{}}
+		ns: map[string][]float64{}, warm: map[string]testing.BenchmarkResult{}, perRatio: map[string][]float64{},
+		pairs: map[string][][2]float64{}}
 	for _, v := range variants {
 		if (v.op == nil) == (v.parallel == nil) {
 			return nil, fmt.Errorf("variant %s: exactly one of op and parallel must be set", v.name)
@@ -157,6 +175,7 @@ func (s *sampler) run(variants []variant) error {
 				return err
 			}
 			s.perRatio[u.ratio.name] = append(s.perRatio[u.ratio.name], a/b)
+			s.pairs[u.ratio.name] = append(s.pairs[u.ratio.name], [2]float64{a, b})
 		}
 	}
 	return nil
