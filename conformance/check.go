@@ -15,10 +15,10 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// C is one running case: it carries the case's context and traits and
+// caseRun is one running case: it carries the case's context and traits and
 // records checks. Its methods must be called from the case's own goroutine
 // (like testing.T's FailNow): Fatal, Must and Skip abort the case.
-type C struct {
+type caseRun struct {
 	ctx    context.Context
 	traits Traits
 	t      *testing.T // nil outside go test
@@ -48,21 +48,21 @@ type TimelineEvent struct {
 }
 
 // record adds an event to the case's timeline. Safe from any goroutine.
-func (c *C) record(lane, text string) {
+func (c *caseRun) record(lane, text string) {
 	c.st.mu.Lock()
 	defer c.st.mu.Unlock()
 	c.st.timeline = append(c.st.timeline, TimelineEvent{At: time.Since(c.st.start), Lane: lane, Text: text})
 }
 
 // recordAt adds an event that happened (or will happen) at t.
-func (c *C) recordAt(t time.Time, lane, text string) {
+func (c *caseRun) recordAt(t time.Time, lane, text string) {
 	c.st.mu.Lock()
 	defer c.st.mu.Unlock()
 	c.st.timeline = append(c.st.timeline, TimelineEvent{At: t.Sub(c.st.start), Lane: lane, Text: text})
 }
 
 // cleanup registers fn to run when the case ends, last registered first.
-func (c *C) cleanup(fn func()) {
+func (c *caseRun) cleanup(fn func()) {
 	c.st.mu.Lock()
 	defer c.st.mu.Unlock()
 	c.st.cleanups = append(c.st.cleanups, fn)
@@ -98,7 +98,7 @@ type abortCase struct {
 	reason string
 }
 
-func (c *C) line(kind, text string) {
+func (c *caseRun) line(kind, text string) {
 	switch kind {
 	case kindOK:
 		c.passed++
@@ -110,7 +110,7 @@ func (c *C) line(kind, text string) {
 
 // Check records a check of rule (an invariant such as "I3", or a named
 // property) that holds when cond is true.
-func (c *C) Check(rule, what string, cond bool, expected, actual any) bool {
+func (c *caseRun) Check(rule, what string, cond bool, expected, actual any) bool {
 	kind := kindFail
 	if cond {
 		kind = kindOK
@@ -120,14 +120,14 @@ func (c *C) Check(rule, what string, cond bool, expected, actual any) bool {
 }
 
 // Equal records a check that expected and actual are equal.
-func (c *C) Equal(rule, what string, expected, actual any) bool {
+func (c *caseRun) Equal(rule, what string, expected, actual any) bool {
 	return c.Check(rule, what, reflect.DeepEqual(expected, actual), expected, actual)
 }
 
 // Exposes records a negative-control check: it passes when the naive
 // design really showed its flaw on the backend (cond true), and fails when
 // the flaw did not show, since then the experiment proved nothing.
-func (c *C) Exposes(flaw string, cond bool, evidence string) bool {
+func (c *caseRun) Exposes(flaw string, cond bool, evidence string) bool {
 	if cond {
 		c.line(kindOK, "negative control exposes: "+flaw+" ("+evidence+")")
 	} else {
@@ -137,35 +137,35 @@ func (c *C) Exposes(flaw string, cond bool, evidence string) bool {
 }
 
 // Notef prints an observation that is not a check.
-func (c *C) Notef(format string, args ...any) {
+func (c *caseRun) Notef(format string, args ...any) {
 	c.line(kindNote, fmt.Sprintf(format, args...))
 }
 
 // Fatalf records a failure and ends the case.
-func (c *C) Fatalf(format string, args ...any) {
+func (c *caseRun) Fatalf(format string, args ...any) {
 	c.line(kindFail, fmt.Sprintf(format, args...))
 	panic(abortCase{})
 }
 
 // Must ends the case when err is not nil; what says what was being done.
-func (c *C) Must(err error, what string) {
+func (c *caseRun) Must(err error, what string) {
 	if err != nil {
 		c.Fatalf("%s: %v", what, err)
 	}
 }
 
 // Skip ends the case (or the current Section) as skipped, printing why.
-func (c *C) Skip(reason string) {
+func (c *caseRun) Skip(reason string) {
 	c.emit(kindSkip, reason)
 	panic(abortCase{skip: true, reason: reason})
 }
 
 // Section runs one part of a case. A Skip inside it skips only this part;
 // Fatal inside it ends only this part. Under go test it is a subtest.
-func (c *C) Section(name string, fn func(c *C)) {
+func (c *caseRun) Section(name string, fn func(c *caseRun)) {
 	if c.t == nil {
 		c.emit("", "-- "+name)
-		sub := &C{ctx: c.ctx, traits: c.traits, emit: c.emit, st: c.st}
+		sub := &caseRun{ctx: c.ctx, traits: c.traits, emit: c.emit, st: c.st}
 		sub.protect(func() { fn(sub) })
 		c.passed += sub.passed
 		c.failed += sub.failed
@@ -183,7 +183,7 @@ func (c *C) Section(name string, fn func(c *C)) {
 
 // protect runs fn, turning an abort into a return and a panic into a
 // failure.
-func (c *C) protect(fn func()) {
+func (c *caseRun) protect(fn func()) {
 	defer func() {
 		r := recover()
 		if r == nil {
@@ -200,9 +200,9 @@ func (c *C) protect(fn func()) {
 	fn()
 }
 
-func newTestC(ctx context.Context, traits Traits, t *testing.T) *C {
+func newTestC(ctx context.Context, traits Traits, t *testing.T) *caseRun {
 	// t.Output keeps the article's line format: no file:line prefixes.
-	return &C{ctx: ctx, traits: traits, t: t, emit: func(kind, text string) {
+	return &caseRun{ctx: ctx, traits: traits, t: t, emit: func(kind, text string) {
 		if kind == kindFail {
 			t.Fail()
 		}
@@ -230,7 +230,7 @@ func sectionName(s string) string {
 // Token checks.
 
 // FirstToken checks the first token a fresh lease issues.
-func (c *C) FirstToken(what string, got leasecore.Token) {
+func (c *caseRun) FirstToken(what string, got leasecore.Token) {
 	if c.traits.TokenStep == 1 {
 		c.Equal("I2", what, "token=1", fmt.Sprintf("token=%d", got))
 		return
@@ -240,7 +240,7 @@ func (c *C) FirstToken(what string, got leasecore.Token) {
 
 // NextToken checks that got follows prev: exactly prev+step when the
 // backend declares a step, strictly greater otherwise.
-func (c *C) NextToken(what string, prev, got leasecore.Token) {
+func (c *caseRun) NextToken(what string, prev, got leasecore.Token) {
 	if step := c.traits.TokenStep; step != 0 {
 		c.Equal("I2", what, fmt.Sprintf("token=%d", prev+step), fmt.Sprintf("token=%d", got))
 		return
@@ -251,7 +251,7 @@ func (c *C) NextToken(what string, prev, got leasecore.Token) {
 // ttl returns base, or the backend's minimum TTL when that is larger,
 // rounded up to the backend's TTL granularity, so timings scale with what
 // the backend honours.
-func (c *C) ttl(base time.Duration) time.Duration {
+func (c *caseRun) ttl(base time.Duration) time.Duration {
 	t := max(base, c.traits.MinTTL)
 	if g := c.traits.TTLGranularity; g > 0 && t%g != 0 {
 		t += g - t%g
@@ -260,7 +260,7 @@ func (c *C) ttl(base time.Duration) time.Duration {
 }
 
 // scale returns d stretched by the same factor ttl(base) stretched base.
-func (c *C) scale(d, base time.Duration) time.Duration {
+func (c *caseRun) scale(d, base time.Duration) time.Duration {
 	t := c.ttl(base)
 	if t == base {
 		return d

@@ -23,7 +23,7 @@ const (
 )
 
 // openLease opens a lease client and its inspector, or ends the case.
-func (c *C) openLease(h Harness) (leasecore.Lease, leasecore.LeaseInspector) {
+func (c *caseRun) openLease(h Harness) (leasecore.Lease, leasecore.LeaseInspector) {
 	l, err := h.OpenLease(c.ctx)
 	c.Must(err, "open lease client")
 	insp, ok := l.(leasecore.LeaseInspector)
@@ -34,7 +34,7 @@ func (c *C) openLease(h Harness) (leasecore.Lease, leasecore.LeaseInspector) {
 }
 
 // openResource opens a fenced resource client, or ends the case.
-func (c *C) openResource(h Harness) Resource {
+func (c *caseRun) openResource(h Harness) Resource {
 	r, err := h.OpenResource(c.ctx)
 	c.Must(err, "open fenced resource")
 	return r
@@ -42,21 +42,21 @@ func (c *C) openResource(h Harness) Resource {
 
 // write performs one write, ending the case on an error (a rejection is
 // not an error).
-func (c *C) write(r leasecore.FencedResource, w leasecore.Write) leasecore.Result {
+func (c *caseRun) write(r leasecore.FencedResource, w leasecore.Write) leasecore.Result {
 	res, err := r.Write(c.ctx, w)
 	c.Must(err, fmt.Sprintf("write %s/%s by %s with token %d", w.Scope, w.Part, w.Writer, w.Token))
 	return res
 }
 
 // readPart reads a part, ending the case on an error.
-func (c *C) readPart(r leasecore.ResourceReader, scope, part string) (leasecore.StoredPart, bool) {
+func (c *caseRun) readPart(r leasecore.ResourceReader, scope, part string) (leasecore.StoredPart, bool) {
 	p, ok, err := r.ReadPart(c.ctx, scope, part)
 	c.Must(err, fmt.Sprintf("read part %s/%s", scope, part))
 	return p, ok
 }
 
 // floor reads a scope's floor, ending the case on an error.
-func (c *C) floor(r leasecore.ResourceReader, scope string) leasecore.Token {
+func (c *caseRun) floor(r leasecore.ResourceReader, scope string) leasecore.Token {
 	f, err := r.Floor(c.ctx, scope)
 	c.Must(err, "read floor of "+scope)
 	return f
@@ -73,7 +73,7 @@ func describePart(p leasecore.StoredPart, ok bool) string {
 // waitFree polls the backend until the lease is no longer held by its own
 // clock, and returns how long that took. The suite never decides expiry by
 // its own clock; it asks the backend.
-func (c *C) waitFree(insp leasecore.LeaseInspector, name string, ttl time.Duration) time.Duration {
+func (c *caseRun) waitFree(insp leasecore.LeaseInspector, name string, ttl time.Duration) time.Duration {
 	start := time.Now()
 	limit := 3*ttl + 5*time.Second
 	poll := max(ttl/100, 5*time.Millisecond)
@@ -140,7 +140,7 @@ func (l *latch) gap(ctx context.Context, w leasecore.Write) error {
 }
 
 // waitPaused waits until the latch's writer is inside the gap.
-func (c *C) waitPaused(l *latch) {
+func (c *caseRun) waitPaused(l *latch) {
 	select {
 	case <-l.paused:
 	case <-time.After(30 * time.Second):
@@ -167,7 +167,7 @@ func goWrite(ctx context.Context, r leasecore.FencedResource, w leasecore.Write)
 }
 
 // await receives a write's outcome, ending the case on an error.
-func (c *C) await(ch <-chan outcome, what string) leasecore.Result {
+func (c *caseRun) await(ch <-chan outcome, what string) leasecore.Result {
 	select {
 	case o := <-ch:
 		c.Must(o.err, what)

@@ -14,7 +14,7 @@ import (
 // the new holder has not written yet. (Without advance a stale holder can
 // still write such a part until the new holder's first write: F7's
 // timeline with B's summary write taken away.)
-func caseF10u(ctx context.Context, c *C, h Harness) {
+func caseF10u(ctx context.Context, c *caseRun, h Harness) {
 	res := c.openUserResource(h, nil)
 	c.noteUserTarget(userTables)
 	lease, insp := c.openLease(h)
@@ -59,7 +59,7 @@ func caseF10u(ctx context.Context, c *C, h Harness) {
 
 // advance raises a scope's floor, ending the case on an error (a rejection
 // is not an error).
-func (c *C) advance(res UserResource, cl leasecore.Claim) leasecore.Result {
+func (c *caseRun) advance(res UserResource, cl leasecore.Claim) leasecore.Result {
 	r, err := res.Advance(c.ctx, cl)
 	c.Must(err, fmt.Sprintf("advance %s by %s with token %d", cl.Scope, cl.Writer, cl.Token))
 	return r

@@ -11,12 +11,12 @@ import (
 // caseF1 runs the whole life of a lease in one process: holder-a acquires,
 // writes, renews and releases; holder-b acquires at once with a larger
 // token and writes; the floor ends at holder-b's token.
-func caseF1(ctx context.Context, c *C, h Harness) { normalPath(ctx, c, h, partStore) }
+func caseF1(ctx context.Context, c *caseRun, h Harness) { normalPath(ctx, c, h, partStore) }
 
 // caseF1u is F1 writing the suite's own user tables through the fence.
-func caseF1u(ctx context.Context, c *C, h Harness) { normalPath(ctx, c, h, userTables) }
+func caseF1u(ctx context.Context, c *caseRun, h Harness) { normalPath(ctx, c, h, userTables) }
 
-func normalPath(ctx context.Context, c *C, h Harness, t target) {
+func normalPath(ctx context.Context, c *caseRun, h Harness, t target) {
 	res := t.open(c, h, nil)
 	c.noteUserTarget(t)
 	lease, insp := c.openLease(h)

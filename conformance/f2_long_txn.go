@@ -13,8 +13,8 @@ import (
 // acquire there judges expiry by a stale clock. It also shows the converse
 // rule of tokens: one token is one continuous holding period, so a second
 // write with an equal token is accepted.
-func caseF2(ctx context.Context, c *C, h Harness) {
-	c.Section("long transaction now()", func(c *C) {
+func caseF2(ctx context.Context, c *caseRun, h Harness) {
+	c.Section("long transaction now()", func(c *caseRun) {
 		lt := need[LongTransactions](c, h, AbilityLongTransaction)
 		lease, insp := c.openLease(h)
 		ttl := c.ttl(300 * time.Millisecond)
@@ -50,7 +50,7 @@ func caseF2(ctx context.Context, c *C, h Harness) {
 		c.NextToken("in autocommit the acquire succeeds", ga.Token, gb.Token)
 	})
 
-	c.Section("equal token", func(c *C) {
+	c.Section("equal token", func(c *caseRun) {
 		lease, _ := c.openLease(h)
 		res := c.openResource(h)
 		const name = "daily-report-equal-token"

@@ -17,7 +17,7 @@ const contenders = 16
 // caseF3 races contenders clients behind a barrier, three rounds: a fresh
 // lease (exactly one winner), a held lease (none), an expired lease (exactly
 // one). Acquire is one atomic statement, so the race has one winner.
-func caseF3(ctx context.Context, c *C, h Harness) {
+func caseF3(ctx context.Context, c *caseRun, h Harness) {
 	clients := make([]leasecore.Lease, contenders)
 	var insp leasecore.LeaseInspector
 	for i := range clients {

@@ -24,14 +24,14 @@ const (
 // lease expires by the backend's clock; holder B, another process, takes
 // over with a larger token and writes; A is thawed and its very next
 // instruction is the write. The resource rejects it.
-func caseF4(ctx context.Context, c *C, h Harness) {
+func caseF4(ctx context.Context, c *caseRun, h Harness) {
 	pausedHolder(ctx, c, h, KindFenced)
 }
 
 // caseF5 is the negative control: the identical timeline against a
 // resource that does not check tokens. The lease behaves identically; the
 // stale write lands.
-func caseF5(ctx context.Context, c *C, h Harness) {
+func caseF5(ctx context.Context, c *caseRun, h Harness) {
 	pausedHolder(ctx, c, h, KindUnfenced)
 }
 
@@ -39,7 +39,7 @@ func caseF5(ctx context.Context, c *C, h Harness) {
 // one fenced transaction (Txn): A is frozen between its check and its
 // transaction; thawed, its transaction is rejected and its rows never
 // appear.
-func caseF4u(ctx context.Context, c *C, h Harness) {
+func caseF4u(ctx context.Context, c *caseRun, h Harness) {
 	pausedHolder(ctx, c, h, KindUserData)
 }
 
@@ -47,13 +47,13 @@ func caseF4u(ctx context.Context, c *C, h Harness) {
 // pattern: A's marker goes through the fenced part store before the freeze
 // and is accepted; its rows follow in a second transaction with no fence,
 // after B wrote, and win.
-func caseF4m(ctx context.Context, c *C, h Harness) {
+func caseF4m(ctx context.Context, c *caseRun, h Harness) {
 	pausedHolder(ctx, c, h, KindMarkerFirst)
 }
 
 // pausedHolder runs the paused-holder timeline with holder processes
 // writing to the resource of kind.
-func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
+func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind) {
 	var reader Resource
 	switch kind {
 	case KindUnfenced:
@@ -202,7 +202,7 @@ func pausedHolder(ctx context.Context, c *C, h Harness, kind ResourceKind) {
 // acquiredLine checks an "ACQUIRED token=N" reply: the first token of a
 // fresh lease when prev is 0, else the token after prev (exactly prev+step
 // with a declared step, strictly greater otherwise). It returns N.
-func (c *C) acquiredLine(what, line string, prev leasecore.Token) leasecore.Token {
+func (c *caseRun) acquiredLine(what, line string, prev leasecore.Token) leasecore.Token {
 	var t leasecore.Token
 	if _, err := fmt.Sscanf(line, "ACQUIRED token=%d", &t); err != nil {
 		c.Fatalf("%s: reply %q", what, line)

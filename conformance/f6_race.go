@@ -24,8 +24,8 @@ func raceB(scope string) leasecore.Write {
 // (b) the conditional floor update: A advances the floor and pauses before
 // committing; B waits on A's lock and, once A commits, is judged against
 // the advanced floor. Both orders keep I3.
-func caseF6(ctx context.Context, c *C, h Harness) {
-	c.Section("a: check-then-write (negative control)", func(c *C) {
+func caseF6(ctx context.Context, c *caseRun, h Harness) {
+	c.Section("a: check-then-write (negative control)", func(c *caseRun) {
 		controls := need[NegativeControls](c, h, AbilityNegativeControls)
 		const scope = "daily-report-f6a"
 		l := newLatch(holderA)
@@ -46,13 +46,13 @@ func caseF6(ctx context.Context, c *C, h Harness) {
 			fmt.Sprintf("floor=%d, summary=%s", floor, describePart(p, ok)))
 	})
 
-	c.Section("b: conditional floor update", func(c *C) { conditionalRace(ctx, c, h, partStore, "daily-report-f6b") })
+	c.Section("b: conditional floor update", func(c *caseRun) { conditionalRace(ctx, c, h, partStore, "daily-report-f6b") })
 }
 
 // caseF6u is F6(b) writing the suite's own user tables through the fence:
 // the check and the user rows are one transaction (Txn), paused between
 // the check and the commit.
-func caseF6u(ctx context.Context, c *C, h Harness) {
+func caseF6u(ctx context.Context, c *caseRun, h Harness) {
 	need[UserDataResources](c, h, AbilityUserData) // before the commit-gap and lock-wait abilities
 	c.noteUserTarget(userTables)
 	conditionalRace(ctx, c, h, userTables, "daily-report-f6u")
@@ -63,7 +63,7 @@ func caseF6u(ctx context.Context, c *C, h Harness) {
 // and before the commit; the second is judged against the floor the first
 // left. A backend that declares AbilityCommitGap absent runs the atomic
 // analogue: the two orders in which the requests can arrive.
-func conditionalRace(ctx context.Context, c *C, h Harness, t target, prefix string) {
+func conditionalRace(ctx context.Context, c *caseRun, h Harness, t target, prefix string) {
 	orders := []struct {
 		name          string
 		first, second leasecore.Write
@@ -111,7 +111,7 @@ func conditionalRace(ctx context.Context, c *C, h Harness, t target, prefix stri
 
 // checkRaceOutcome checks one order of F6(b): the second writer is judged
 // against the floor the first left, and token 2's data wins either way.
-func (c *C) checkRaceOutcome(res Resource, order string, first, second leasecore.Write, r1, r2 leasecore.Result) {
+func (c *caseRun) checkRaceOutcome(res Resource, order string, first, second leasecore.Write, r1, r2 leasecore.Result) {
 	floor := c.floor(res, first.Scope)
 	final := c.stored(res, first.Scope, partSummary)
 	c.Notef("%s: %s accepted=%t, %s accepted=%t, final %s, floor=%d", order,
@@ -125,7 +125,7 @@ func (c *C) checkRaceOutcome(res Resource, order string, first, second leasecore
 
 // waitLockWait polls the probe until some write waits for a lock. It
 // observes the wait instead of assuming it after a sleep.
-func (c *C) waitLockWait(probe LockWaitProbe) []string {
+func (c *caseRun) waitLockWait(probe LockWaitProbe) []string {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		waits, err := probe.LockWaits(c.ctx)

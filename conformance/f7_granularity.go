@@ -13,8 +13,8 @@ import (
 // writes detail, a part B never touched. A per-row comparison has no old
 // token to compare with on a new row and accepts it (negative control);
 // the scope floor rejects it.
-func caseF7(ctx context.Context, c *C, h Harness) {
-	c.Section("row-level fence (negative control)", func(c *C) {
+func caseF7(ctx context.Context, c *caseRun, h Harness) {
+	c.Section("row-level fence (negative control)", func(c *caseRun) {
 		controls := need[NegativeControls](c, h, AbilityNegativeControls)
 		res, err := controls.RowFencedResource(ctx)
 		c.Must(err, "open the row-fenced resource")
@@ -25,16 +25,16 @@ func caseF7(ctx context.Context, c *C, h Harness) {
 			detail.Accepted && ok && p.Token == tokA, "detail="+describePart(p, ok))
 	})
 
-	c.Section("scope-level fence", func(c *C) { scopeFence(c, h, partStore) })
+	c.Section("scope-level fence", func(c *caseRun) { scopeFence(c, h, partStore) })
 }
 
 // caseF7u is F7's scope-level fence over the suite's own user tables: A's
 // detail rows, a part B never wrote, are rejected by the scope's floor.
-func caseF7u(ctx context.Context, c *C, h Harness) { scopeFence(c, h, userTables) }
+func caseF7u(ctx context.Context, c *caseRun, h Harness) { scopeFence(c, h, userTables) }
 
 // scopeFence runs F7's timeline against target t and checks that the
 // scope floor rejects the stale holder's new part.
-func scopeFence(c *C, h Harness, t target) {
+func scopeFence(c *caseRun, h Harness, t target) {
 	res := t.open(c, h, nil)
 	c.noteUserTarget(t)
 	detail, tokA, tokB := c.granularityTimeline(h, "FENCED_SCOPE", scope, res)
@@ -46,7 +46,7 @@ func scopeFence(c *C, h Harness, t target) {
 // granularityTimeline is F7's timeline on scope name: A writes summary and
 // loses the lease; B acquires and rewrites summary only; A writes detail.
 // It returns the detail write's result and both tokens.
-func (c *C) granularityTimeline(h Harness, label, name string, res Resource) (detail leasecore.Result, tokA, tokB leasecore.Token) {
+func (c *caseRun) granularityTimeline(h Harness, label, name string, res Resource) (detail leasecore.Result, tokA, tokB leasecore.Token) {
 	ctx := c.ctx
 	lease, insp := c.openLease(h)
 	short := c.ttl(300 * time.Millisecond)

@@ -14,7 +14,7 @@ import (
 // the next acquire gets a larger token (I2 across a crash), and the old
 // holder's write is rejected. On PostgreSQL the downtime counts against
 // the TTL; etcd's leader refreshes lease TTLs when it takes office.
-func caseF8(ctx context.Context, c *C, h Harness) {
+func caseF8(ctx context.Context, c *caseRun, h Harness) {
 	cr := need[CrashRestarter](c, h, AbilityCrashRestart)
 	lease, insp := c.openLease(h)
 	res := c.openResource(h)
@@ -66,7 +66,7 @@ func caseF8(ctx context.Context, c *C, h Harness) {
 
 // retryUnavailable runs fn until it stops failing with ErrUnavailable (the
 // clients reconnecting after a restart), for at most 30 seconds.
-func (c *C) retryUnavailable(what string, fn func() error) {
+func (c *caseRun) retryUnavailable(what string, fn func() error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		err := fn()

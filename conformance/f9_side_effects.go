@@ -11,7 +11,7 @@ import (
 // that cannot check tokens: it keeps one publication, the first to arrive,
 // not the newest. When the stale holder arrives first, its content stays.
 // The fenced resource, given the same two orders, keeps the newest in both.
-func caseF9(ctx context.Context, c *C, h Harness) {
+func caseF9(ctx context.Context, c *caseRun, h Harness) {
 	const publication = "report-published"
 	// Each order has its own scope, so the fenced run of one order does not
 	// see the floor the other left behind.
@@ -29,14 +29,14 @@ func caseF9(ctx context.Context, c *C, h Harness) {
 		{"order B->A", "daily-report-b-then-a", fresh, stale},
 		{"order A->B", "daily-report-a-then-b", stale, fresh},
 	}
-	run := func(c *C, res Resource, o order) (r1, r2 leasecore.Result, kept leasecore.StoredPart, ok bool) {
+	run := func(c *caseRun, res Resource, o order) (r1, r2 leasecore.Result, kept leasecore.StoredPart, ok bool) {
 		r1 = c.write(res, o.first(o.key))
 		r2 = c.write(res, o.second(o.key))
 		kept, ok = c.readPart(res, o.key, publication)
 		return r1, r2, kept, ok
 	}
 
-	c.Section("idempotent publication (negative control)", func(c *C) {
+	c.Section("idempotent publication (negative control)", func(c *caseRun) {
 		controls := need[NegativeControls](c, h, AbilityNegativeControls)
 		pub, err := controls.IdempotentPublisher(ctx)
 		c.Must(err, "open the idempotent publisher")
@@ -52,7 +52,7 @@ func caseF9(ctx context.Context, c *C, h Harness) {
 			ok && kept.Writer == holderA && !bSecond.Accepted, "kept "+describePart(kept, ok))
 	})
 
-	c.Section("fenced resource, same two orders", func(c *C) {
+	c.Section("fenced resource, same two orders", func(c *caseRun) {
 		res := c.openResource(h)
 		for _, o := range orders {
 			r1, r2, kept, ok := run(c, res, o)

@@ -12,7 +12,7 @@ import (
 
 // holderProc is the parent's handle on one holder process (RunHolder).
 type holderProc struct {
-	c       *C
+	c       *caseRun
 	label   string // "A", "B": the timeline lane
 	pid     int
 	stdin   io.WriteCloser
@@ -22,7 +22,7 @@ type holderProc struct {
 }
 
 // startHolder starts a holder process writing to the resource of kind.
-func (c *C) startHolder(hp HolderProcesses, kind ResourceKind, label string) *holderProc {
+func (c *caseRun) startHolder(hp HolderProcesses, kind ResourceKind, label string) *holderProc {
 	cmd, err := hp.HolderCommand(c.ctx, kind)
 	c.Must(err, "holder command")
 	stdin, err := cmd.StdinPipe()

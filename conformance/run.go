@@ -18,7 +18,7 @@ type testCase struct {
 	id    string // "F1", "F4u"
 	name  string // subtest name, "F1_normal_path"
 	title string // header text
-	run   func(ctx context.Context, c *C, h Harness)
+	run   func(ctx context.Context, c *caseRun, h Harness)
 }
 
 // cases lists the suite in order. Each case lives in its own file.
@@ -52,7 +52,7 @@ func Run(t *testing.T, newHarness NewHarness) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			c := runCase(t.Context(), tc, newHarness, func(traits Traits) *C {
+			c := runCase(t.Context(), tc, newHarness, func(traits Traits) *caseRun {
 				return newTestC(t.Context(), traits, t)
 			})
 			if c.skipReason != "" && c.passed == 0 && c.failed == 0 {
@@ -62,9 +62,9 @@ func Run(t *testing.T, newHarness NewHarness) {
 	}
 }
 
-// runCase runs tc with a fresh harness; newC makes the case's C once the
+// runCase runs tc with a fresh harness; newC makes the case's caseRun once the
 // harness's traits are known.
-func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC func(Traits) *C) *C {
+func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC func(Traits) *caseRun) *caseRun {
 	// The harness is created under a bounded context, before the traits
 	// (and so the case timeout) are known.
 	setupCtx, cancelSetup := context.WithTimeout(parent, 2*time.Minute)
@@ -94,7 +94,7 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 // for ability ab. When the harness declares ab absent, the case (or
 // section) skips with the declared reason; when it lacks T without
 // declaring so, the case fails.
-func need[T any](c *C, h Harness, ab Ability) T {
+func need[T any](c *caseRun, h Harness, ab Ability) T {
 	// A declared absence wins even over an implementation: the harness
 	// knows when it cannot use what its type could do (no cluster to
 	// crash, no way to re-execute itself).
@@ -169,8 +169,8 @@ func Report(ctx context.Context, w io.Writer, newHarness NewHarness, opts Report
 		}
 		write(fmt.Sprintf("CASE %s :: %s", tc.id, tc.title))
 		start := time.Now()
-		c := runCase(ctx, tc, newHarness, func(traits Traits) *C {
-			return &C{ctx: ctx, traits: traits, emit: func(kind, text string) { write(formatLine(kind, text)) }}
+		c := runCase(ctx, tc, newHarness, func(traits Traits) *caseRun {
+			return &caseRun{ctx: ctx, traits: traits, emit: func(kind, text string) { write(formatLine(kind, text)) }}
 		})
 		res.Passed, res.Failed, res.Elapsed, res.Timeline = c.passed, c.failed, time.Since(start), c.timeline
 		if c.skipReason != "" && c.passed == 0 && c.failed == 0 {

@@ -17,14 +17,14 @@ type target struct {
 	kind ResourceKind
 	// open returns a client; gap, when not nil, runs inside each write
 	// between the fence check and the commit (F6's interleaving).
-	open func(c *C, h Harness, gap Gap) Resource
+	open func(c *caseRun, h Harness, gap Gap) Resource
 }
 
 // partStore is the backend's part store (OpenResource), with
 // CommitGapResources for a gap.
 var partStore = target{
 	kind: KindFenced,
-	open: func(c *C, h Harness, gap Gap) Resource {
+	open: func(c *caseRun, h Harness, gap Gap) Resource {
 		if gap == nil {
 			return c.openResource(h)
 		}
@@ -39,14 +39,14 @@ var partStore = target{
 // (UserDataResources).
 var userTables = target{
 	kind: KindUserData,
-	open: func(c *C, h Harness, gap Gap) Resource {
+	open: func(c *caseRun, h Harness, gap Gap) Resource {
 		return c.openUserResource(h, gap)
 	},
 }
 
 // openUserResource opens the fenced user resource, or skips (AbilityUserData
 // declared absent) or ends the case.
-func (c *C) openUserResource(h Harness, gap Gap) UserResource {
+func (c *caseRun) openUserResource(h Harness, gap Gap) UserResource {
 	ud := need[UserDataResources](c, h, AbilityUserData)
 	res, err := ud.UserDataResource(c.ctx, gap)
 	c.Must(err, "open the fenced user resource")
@@ -54,7 +54,7 @@ func (c *C) openUserResource(h Harness, gap Gap) UserResource {
 }
 
 // noteUserTarget prints, for the user-data target, what is written where.
-func (c *C) noteUserTarget(t target) {
+func (c *caseRun) noteUserTarget(t target) {
 	if t.kind == KindUserData {
 		c.Notef("resource = the suite's own user tables, written through the backend's public fence API, every table and the fence check in one atomic operation")
 	}
@@ -71,7 +71,7 @@ type rowsReader interface {
 // all agree with ReadPart the description is the same single one, else it
 // lists each table, so a torn write (one table written, another not)
 // cannot pass a check that compares descriptions.
-func (c *C) stored(res leasecore.ResourceReader, scope, part string) string {
+func (c *caseRun) stored(res leasecore.ResourceReader, scope, part string) string {
 	p, ok := c.readPart(res, scope, part)
 	d := describePart(p, ok)
 	rr, isRows := res.(rowsReader)

@@ -28,7 +28,7 @@ import (
 // cleans bad input up instead of rejecting it writes where the suite looks.
 // A backend's own tests can run the same rows (BadInputCalls) with checks
 // only they can make: every table unchanged, a server nobody listens on.
-func caseX1(ctx context.Context, c *C, h Harness) {
+func caseX1(ctx context.Context, c *caseRun, h Harness) {
 	lease, insp := c.openLease(h)
 	res := c.openResource(h)
 	ttl := c.ttl(10 * time.Minute) // outlives the case; released at the end
@@ -77,7 +77,7 @@ func caseX1(ctx context.Context, c *C, h Harness) {
 	}
 
 	c.x1Rows(watch, BadInputCalls(in))
-	c.Section("user data", func(c *C) { c.x1UserData(h, lease, insp, watch.leases, holder, g.Token) })
+	c.Section("user data", func(c *caseRun) { c.x1UserData(h, lease, insp, watch.leases, holder, g.Token) })
 
 	// Holds that are over, or not the caller's.
 	other := g
@@ -137,7 +137,7 @@ func caseX1(ctx context.Context, c *C, h Harness) {
 // x1Rows runs bad-input rows against what watch reads: a FAIL line per
 // row that went wrong, one ok line per group (entry point) whose rows all
 // failed as they must and changed nothing.
-func (c *C) x1Rows(watch x1Watch, calls []BadCall) {
+func (c *caseRun) x1Rows(watch x1Watch, calls []BadCall) {
 	ctx := c.ctx
 	type group struct {
 		name             string
@@ -192,7 +192,7 @@ func (c *C) x1Rows(watch x1Watch, calls []BadCall) {
 // x1UserData runs the write, read and advance rows against the fenced user
 // resource (UserDataResources), on a scope of its own that holds a row and
 // a floor (token) first: the same tables of bad values as the part store's.
-func (c *C) x1UserData(h Harness, lease leasecore.Lease, insp leasecore.LeaseInspector, leases []string, holder string, token leasecore.Token) {
+func (c *caseRun) x1UserData(h Harness, lease leasecore.Lease, insp leasecore.LeaseInspector, leases []string, holder string, token leasecore.Token) {
 	const (
 		scopeUser  = "x1-user-report"
 		partUser   = "x1-user-summary"
@@ -252,7 +252,7 @@ func x1Expected(b BadCall) string {
 // call's error was wrong (problem) or the state changed; nothing when all
 // is well (the row's group prints one ok line). It moves *before on to the
 // state after the call, so a change is reported once.
-func (c *C) x1Row(w x1Watch, before *x1State, row, expected string, problem error) bool {
+func (c *caseRun) x1Row(w x1Watch, before *x1State, row, expected string, problem error) bool {
 	after := c.x1Read(w)
 	changes := before.changes(after)
 	*before = after
@@ -281,7 +281,7 @@ func (c *C) x1Row(w x1Watch, before *x1State, row, expected string, problem erro
 
 // x1CheckOddNames checks that odd but valid names are data: every entry point
 // accepts them and the readers give them back verbatim.
-func (c *C) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseInspector, res Resource, ttl time.Duration) {
+func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseInspector, res Resource, ttl time.Duration) {
 	ctx := c.ctx
 	failed := false
 	for _, v := range oddValidNames {
@@ -391,7 +391,7 @@ type x1State struct {
 	attempts []string // rendered
 }
 
-func (c *C) x1Read(w x1Watch) x1State {
+func (c *caseRun) x1Read(w x1Watch) x1State {
 	var s x1State
 	for _, name := range w.leases {
 		st, err := w.insp.Inspect(c.ctx, name)
