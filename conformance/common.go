@@ -2,7 +2,6 @@ package conformance
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -62,14 +61,6 @@ func (c *caseRun) floor(r leasecore.ResourceReader, scope string) leasecore.Toke
 	return f
 }
 
-// describePart renders a part the way the article's notes do.
-func describePart(p leasecore.StoredPart, ok bool) string {
-	if !ok {
-		return "(none)"
-	}
-	return fmt.Sprintf("%s by %s token=%d", p.Content, p.Writer, p.Token)
-}
-
 // waitFree polls the backend until the lease is no longer held by its own
 // clock, and returns how long that took. The suite never decides expiry by
 // its own clock; it asks the backend.
@@ -91,24 +82,6 @@ func (c *caseRun) waitFree(insp leasecore.LeaseInspector, name string, ttl time.
 			c.Fatalf("waiting for lease %s to expire: %v", name, c.ctx.Err())
 		case <-time.After(poll):
 		}
-	}
-}
-
-// errKind names the sentinel an error wraps, for output.
-func errKind(err error) string {
-	switch {
-	case err == nil:
-		return "nil"
-	case errors.Is(err, leasecore.ErrHeld):
-		return "ErrHeld"
-	case errors.Is(err, leasecore.ErrLost):
-		return "ErrLost"
-	case errors.Is(err, leasecore.ErrInvalidArgument):
-		return "ErrInvalidArgument"
-	case errors.Is(err, leasecore.ErrUnavailable):
-		return "ErrUnavailable"
-	default:
-		return "error: " + err.Error()
 	}
 }
 
