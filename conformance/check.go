@@ -19,6 +19,7 @@ import (
 // records checks. Its methods must be called from the case's own goroutine
 // (like testing.T's FailNow): Fatal, Must and Skip abort the case.
 type caseRun struct {
+	id     string // the case's ID, "F4": the tag of checks of the case's own rule
 	ctx    context.Context
 	traits Traits
 	t      *testing.T // nil outside go test
@@ -165,7 +166,7 @@ func (c *caseRun) Skip(reason string) {
 func (c *caseRun) Section(name string, fn func(c *caseRun)) {
 	if c.t == nil {
 		c.emit("", "-- "+name)
-		sub := &caseRun{ctx: c.ctx, traits: c.traits, emit: c.emit, st: c.st}
+		sub := &caseRun{id: c.id, ctx: c.ctx, traits: c.traits, emit: c.emit, st: c.st}
 		sub.protect(func() { fn(sub) })
 		c.passed += sub.passed
 		c.failed += sub.failed
@@ -173,7 +174,7 @@ func (c *caseRun) Section(name string, fn func(c *caseRun)) {
 	}
 	c.t.Run(sectionName(name), func(t *testing.T) {
 		sub := newTestC(c.ctx, c.traits, t)
-		sub.st = c.st
+		sub.id, sub.st = c.id, c.st
 		sub.protect(func() { fn(sub) })
 		if sub.skipReason != "" && sub.passed == 0 && sub.failed == 0 {
 			t.Skip(sub.skipReason)

@@ -82,7 +82,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 			c.Equal("I3", label+"'s marker goes through the fenced part store and is accepted",
 				fmt.Sprintf("PREPARED accepted=true token=%d", tok), trimFloor(line))
 		} else {
-			c.Equal("F4", label+"'s write is one fenced transaction: nothing to prepare", "PREPARED none", line)
+			c.Equal(c.id, label+"'s write is one fenced transaction: nothing to prepare", "PREPARED none", line)
 		}
 	}
 	_, insp := c.openLease(h)
@@ -97,7 +97,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	a := c.startHolder(hp, kind, "A")
 	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA)), 0)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-a", tokA))
-	c.Equal("F4", "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
+	c.Equal(c.id, "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
 	if twoStep {
 		prepare(a, "A", tokA)
 	}
@@ -119,7 +119,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 		c.record("A", "SIGSTOP: frozen after its check, before its write")
 	}
 	state := waitProcState(ctx, a.pid, "T")
-	c.Equal("F4", "after SIGSTOP /proc shows A stopped (its renewal goroutine too)", "T", state)
+	c.Equal(c.id, "after SIGSTOP /proc shows A stopped (its renewal goroutine too)", "T", state)
 	if st, err := insp.Inspect(ctx, leaseName); err == nil && st.Held {
 		c.recordAt(time.Now().Add(st.Remaining), "lease", "A's lease expires (backend clock)")
 	}
@@ -158,7 +158,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	aWrite := a.reply("A's write")
 	aRenew := a.reply("A's renewal after its write")
 	c.Notef("A after resuming: %s; %s", aWrite, aRenew)
-	c.Equal("I1", "A's renewal after its write fails: the lease moved on", "RENEW_AFTER_WRITE ok=false", aRenew)
+	c.Equal("I1", "A's renewal after its write fails with ErrLost: the lease moved on", "RENEW_AFTER_WRITE ok=false err=ErrLost", aRenew)
 
 	final := c.stored(reader, scope, partSummary)
 	floor := c.floor(reader, scope)

@@ -32,7 +32,8 @@ import (
 //	    writes at once, with no further check: the write is the very next
 //	    thing the holder does, as in the paused-holder timeline
 //	WRITE_AND_RENEW <scope> <part> <content...>
-//	    -> WRITE ... then RENEW_AFTER_WRITE ok=B
+//	    -> WRITE ... then RENEW_AFTER_WRITE ok=true | RENEW_AFTER_WRITE ok=false err=<sentinel>
+//	    (err=ErrLost, or whatever else the renewal failed with)
 //	RENEW
 //	    -> RENEW ok=B token=N
 //	RELEASE
@@ -117,8 +118,13 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 		}
 		h.say("WRITE accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
 		if cmd == "WRITE_AND_RENEW" {
-			_, err := h.lease.Renew(ctx, h.sess.Grant())
-			h.say("RENEW_AFTER_WRITE ok=%t", err == nil)
+			if _, err := h.lease.Renew(ctx, h.sess.Grant()); err != nil {
+				// The sentinel, so the parent can tell "the lease moved
+				// on" (ErrLost) from a dropped connection.
+				h.say("RENEW_AFTER_WRITE ok=false err=%s", errKind(err))
+			} else {
+				h.say("RENEW_AFTER_WRITE ok=true")
+			}
 		}
 	case "RENEW":
 		s, err := h.session()

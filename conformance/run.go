@@ -72,7 +72,7 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 	cancelSetup()
 	if err != nil {
 		c := newC(Traits{})
-		c.st = &caseState{start: time.Now()}
+		c.id, c.st = tc.id, &caseState{start: time.Now()}
 		c.line(kindFail, "harness: "+err.Error())
 		return c
 	}
@@ -80,7 +80,7 @@ func runCase(parent context.Context, tc testCase, newHarness NewHarness, newC fu
 	ctx, cancel := context.WithTimeout(parent, caseTimeout(traits))
 	defer cancel()
 	c := newC(traits)
-	c.ctx = ctx
+	c.id, c.ctx = tc.id, ctx
 	c.st = &caseState{start: time.Now()}
 	c.protect(func() { tc.run(ctx, c, h) })
 	c.timeline = c.st.finish()
