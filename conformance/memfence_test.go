@@ -23,6 +23,8 @@ type memHarness struct {
 	holders memHolders
 	// markerChecksToken breaks the marker-first control (suite_test.go).
 	markerChecksToken bool
+	// dropRenewAfterWrite doctors the holder processes (suite_test.go).
+	dropRenewAfterWrite bool
 }
 
 func newMemHarness(context.Context) (conformance.Harness, error) {

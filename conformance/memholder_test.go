@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,10 @@ const memHolderEnv = "LEASEFENCE_MEM_HOLDER"
 type memHolderSpec struct {
 	Socket string                   `json:"socket"`
 	Kind   conformance.ResourceKind `json:"kind"`
+	// DropRenewAfterWrite doctors the holder (suite_test.go): once it
+	// has written, its renewals fail as a dropped connection does
+	// (ErrUnavailable), not with ErrLost.
+	DropRenewAfterWrite bool `json:"drop_renew_after_write,omitempty"`
 }
 
 func TestMain(m *testing.M) {
@@ -39,11 +44,16 @@ func TestMain(m *testing.M) {
 			if err != nil {
 				return nil, nil, nil, err
 			}
-			var res leasecore.FencedResource = rpcResource{cl, spec.Kind}
+			wrote := new(atomic.Bool)
+			var res leasecore.FencedResource = rpcResource{cl, spec.Kind, wrote}
 			if spec.Kind == conformance.KindMarkerFirst {
-				res = rpcMarkerFirst{rpcResource{cl, spec.Kind}}
+				res = rpcMarkerFirst{rpcResource{cl, spec.Kind, wrote}}
 			}
-			return rpcLease{cl}, res, func() { _ = cl.Close() }, nil
+			var dropAfter *atomic.Bool
+			if spec.DropRenewAfterWrite {
+				dropAfter = wrote
+			}
+			return rpcLease{cl, dropAfter}, res, func() { _ = cl.Close() }, nil
 		}))
 	}
 	os.Exit(m.Run())
@@ -89,7 +99,8 @@ func (h *memHarness) HolderCommand(ctx context.Context, kind conformance.Resourc
 	if hs.err != nil {
 		return nil, hs.err
 	}
-	return conformance.HolderSelfCommand(ctx, []string{"-test.run=^$"}, memHolderEnv, memHolderSpec{Socket: hs.socket, Kind: kind})
+	return conformance.HolderSelfCommand(ctx, []string{"-test.run=^$"}, memHolderEnv,
+		memHolderSpec{Socket: hs.socket, Kind: kind, DropRenewAfterWrite: h.dropRenewAfterWrite})
 }
 
 func (hs *memHolders) close() {
@@ -208,9 +219,16 @@ func (s *memService) Prepare(a WriteArgs, r *ResultReply) error {
 
 // The holder side: proxies of the lease and the resource.
 
-type rpcLease struct{ cl *rpc.Client }
+type rpcLease struct {
+	cl *rpc.Client
+	// dropAfter, when set, fails every renewal once it is true.
+	dropAfter *atomic.Bool
+}
 
 func (l rpcLease) call(method string, args any) (leasecore.Grant, error) {
+	if method == "Renew" && l.dropAfter != nil && l.dropAfter.Load() {
+		return leasecore.Grant{}, fmt.Errorf("%w: connection dropped (doctored holder)", leasecore.ErrUnavailable)
+	}
 	start := time.Now() // before the request, as a backend reads Grant.Start
 	var r GrantReply
 	if err := l.cl.Call("Mem."+method, args, &r); err != nil {
@@ -234,11 +252,15 @@ func (l rpcLease) Release(_ context.Context, g leasecore.Grant) error {
 }
 
 type rpcResource struct {
-	cl   *rpc.Client
-	kind conformance.ResourceKind
+	cl    *rpc.Client
+	kind  conformance.ResourceKind
+	wrote *atomic.Bool // set by the first Write
 }
 
 func (r rpcResource) call(method string, w leasecore.Write) (leasecore.Result, error) {
+	if method == "Write" {
+		defer r.wrote.Store(true)
+	}
 	var rep ResultReply
 	if err := r.cl.Call("Mem."+method, WriteArgs{r.kind, w}, &rep); err != nil {
 		return leasecore.Result{}, fmt.Errorf("%w: %v", leasecore.ErrUnavailable, err)
