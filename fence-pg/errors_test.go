@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
-	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -41,14 +41,15 @@ func TestBlockedWriteErrors(t *testing.T) {
 			t.Run(tc.name, func(t *testing.T) {
 				scope := "blocked " + tc.name
 				entered, resume := make(chan struct{}), make(chan struct{})
-				gapped, err := f.resPool.Resource(fencepg.WithCommitGap(func(context.Context, leasecore.Write) error {
-					close(entered)
-					<-resume
-					return nil
-				}))
+				plain, err := f.resPool.Resource()
 				if err != nil {
 					t.Fatal(err)
 				}
+				gapped := commitgap.Wrap(plain, func(context.Context, leasecore.Write) error {
+					close(entered)
+					<-resume
+					return nil
+				})
 				holderDone := make(chan error, 1)
 				go func() {
 					_, err := gapped.Write(context.Background(), leasecore.Write{Scope: scope, Part: "p", Writer: "a", Token: 2})

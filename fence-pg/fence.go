@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -58,6 +59,8 @@ type Fence struct {
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch string
+	// the fast paths (floor = token) and the checks of RunTx/RunSQLTx
+	sharedRun, checkRun, guardOrRaise, writeShared, writeBatchShared string
 }
 
 func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
@@ -67,26 +70,20 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
+			sharedRun: in(pgsql.FenceSharedRun), checkRun: in(pgsql.FenceCheckRun), guardOrRaise: in(pgsql.FenceGuardOrRaise),
+			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
 		},
 		read: pgstore.Reader{DB: db, Pkg: pkg, Schema: cfg.schema},
 	}
 }
 
-// Defaults of the timeouts RunTx, RunSQLTx and SendBatch set for their own
-// transactions (see WithTimeouts).
-const (
-	// DefaultIdleInTransactionTimeout bounds how long a fenced transaction
-	// may sit idle between two of its statements. A holder frozen inside
-	// its transaction (a GC pause, SIGSTOP) holds the floor row's lock, and
-	// every newer writer of the scope queues behind it; after this long the
-	// server ends the frozen holder's session, its transaction rolls back,
-	// and the queue moves on.
-	DefaultIdleInTransactionTimeout = 5 * time.Second
-	// DefaultLockTimeout bounds how long the check waits for the floor
-	// row's lock. It is longer than DefaultIdleInTransactionTimeout, so a
-	// writer queued behind a frozen holder outlasts it.
-	DefaultLockTimeout = 10 * time.Second
-)
+// DefaultIdleInTransactionTimeout bounds how long a transaction of RunTx or
+// RunSQLTx may sit idle between two of its statements (see WithTimeouts).
+// A holder frozen inside its transaction (a GC pause, SIGSTOP) holds the
+// floor row's lock, and every newer writer of the scope queues behind it;
+// after this long the server ends the frozen holder's session, its
+// transaction rolls back, and the queue moves on.
+const DefaultIdleInTransactionTimeout = 5 * time.Second
 
 // Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
 // (WithSchema only) NewLeaseStore and NewLeaseStoreDB.
@@ -97,11 +94,10 @@ type config struct {
 	log             leasecore.AttemptLog
 	lockTimeout     time.Duration
 	idleInTxTimeout time.Duration
-	gap             func(context.Context, leasecore.Write) error
 }
 
 func newConfig(op string, opts []Option) (config, error) {
-	c := config{schema: DefaultSchema, log: leasecore.LogRejected, lockTimeout: DefaultLockTimeout, idleInTxTimeout: DefaultIdleInTransactionTimeout}
+	c := config{schema: DefaultSchema, log: leasecore.LogRejected, idleInTxTimeout: DefaultIdleInTransactionTimeout}
 	for _, o := range opts {
 		o(&c)
 	}
@@ -142,10 +138,18 @@ func WithSchema(name string) Option {
 }
 
 // WithTimeouts sets the lock_timeout and idle_in_transaction_session_timeout
-// that RunTx, RunSQLTx and SendBatch set, with SET LOCAL semantics, for
-// their own transactions (defaults DefaultLockTimeout and
-// DefaultIdleInTransactionTimeout). Zero leaves the server's setting.
-// Check and CheckTx run in the caller's transaction and set nothing.
+// that RunTx and RunSQLTx set for their own transactions, with SET LOCAL
+// semantics (SendBatch sets the lock timeout only: a pipeline is never idle
+// inside its transaction). Zero leaves the server's setting.
+//
+// The defaults: no lock timeout — the caller's context bounds the wait
+// for the floor lock, and a frozen holder's lock is freed by its own idle
+// timeout — and DefaultIdleInTransactionTimeout. The idle timeout costs
+// nothing (it rides on the check's statement); a lock timeout costs one
+// more statement in the first round trip. Check and CheckTx run in the
+// caller's transaction and set nothing: set idle_in_transaction_session_timeout
+// yourself (per transaction, per role or per database) if a holder could
+// be frozen inside such a transaction.
 func WithTimeouts(lock, idleInTransaction time.Duration) Option {
 	return func(c *config) { c.lockTimeout, c.idleInTxTimeout = lock, idleInTransaction }
 }
@@ -231,7 +235,7 @@ func (f *Fence) Check(ctx context.Context, tx Querier, c leasecore.Claim) (lease
 	}
 	return f.check(ctx, op, c, func(args []any) (int64, error) {
 		var floor int64
-		err := tx.QueryRow(ctx, pgsql.FenceCheck, args...).Scan(&floor)
+		err := tx.QueryRow(ctx, f.stmt.check, args...).Scan(&floor)
 		return floor, err
 	})
 }
@@ -244,7 +248,7 @@ func (f *Fence) CheckTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (lea
 	}
 	return f.check(ctx, op, c, func(args []any) (int64, error) {
 		var floor int64
-		err := tx.QueryRowContext(ctx, pgsql.FenceCheck, args...).Scan(&floor)
+		err := tx.QueryRowContext(ctx, f.stmt.check, args...).Scan(&floor)
 		return floor, err
 	})
 }
@@ -296,9 +300,8 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 	return nil
 }
 
-// RunTx begins a Read Committed transaction on the Fence's pgx pool, sets
-// its lock and idle timeouts (WithTimeouts), runs the check for c, and
-// then:
+// RunTx begins a Read Committed transaction on the Fence's pgx pool, runs
+// the check for c, and then:
 //
 //   - rejected: rolls back without calling fn and returns the rejection;
 //   - accepted: calls fn with the transaction; if fn returns an error (or
@@ -307,16 +310,19 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 //     classified like any other, e.g. wrapping leasecore.ErrUnavailable);
 //     otherwise commits and returns the acceptance.
 //
-// BEGIN, the timeouts and the check travel in one round trip. fn must not
-// commit or roll back tx itself.
+// BEGIN and the check travel in one round trip. When the floor already
+// equals c.Token (this holding period wrote before, or called Advance) the
+// check only share-locks the floor row; otherwise a second round trip runs
+// the full check, which raises the floor. fn must not commit or roll back
+// tx itself.
 //
 // A holder frozen inside fn holds the scope's floor lock; a newer writer's
 // check waits behind it. After the idle-in-transaction timeout (5 s by
-// default) the server ends the frozen holder's session and rolls its
-// transaction back: none of its rows appear, the newer writer goes on, and
-// the frozen holder, when it wakes, gets an error wrapping
-// leasecore.ErrUnavailable from its next statement or from the commit. A
-// writer that waits longer than the lock timeout (10 s) gets an error
+// default, WithTimeouts) the server ends the frozen holder's session and
+// rolls its transaction back: none of its rows appear, the newer writer
+// goes on, and the frozen holder, when it wakes, gets an error wrapping
+// leasecore.ErrUnavailable from its next statement or from the commit.
+// With a lock timeout set, a writer that waits longer gets an error
 // wrapping leasecore.ErrUnavailable and may retry.
 //
 // A Fence made by NewFenceDB returns an error wrapping
@@ -341,9 +347,24 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	f.queueTimeouts(b)
-	var floor int64
-	b.Queue(f.stmt.check, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	f.queueLockTimeout(b)
+	floor, found := int64(0), false
+	readFloor := func(rows pgx.Rows) error {
+		for rows.Next() {
+			var setting string
+			if err := rows.Scan(&floor, &setting); err != nil {
+				return err
+			}
+			found = true
+		}
+		return rows.Err()
+	}
+	full := f.fullCheckFirst()
+	if full {
+		b.Queue(f.stmt.checkRun, f.runArgs(c)...).Query(readFloor)
+	} else {
+		b.Queue(f.stmt.sharedRun, c.Scope, int64(c.Token), f.idleSetting()).Query(readFloor)
+	}
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	finished := false
@@ -355,6 +376,16 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 	}()
 	if err := br.Close(); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	if !full && !found {
+		rows, err := tx.Query(ctx, f.stmt.checkRun, f.runArgs(c)...)
+		if err == nil {
+			err = readFloor(rows)
+			rows.Close()
+		}
+		if err != nil {
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		}
 	}
 	if leasecore.Token(floor) != c.Token {
 		finished = true
@@ -375,10 +406,10 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
 }
 
-// RunSQLTx is RunTx for database/sql: BEGIN, the timeouts and the check
-// are three round trips (database/sql sends BEGIN on its own). A Fence made
-// by NewFence returns an error wrapping leasecore.ErrInvalidArgument: use
-// RunTx.
+// RunSQLTx is RunTx for database/sql: BEGIN and the check are two round
+// trips (database/sql sends BEGIN on its own), a lock timeout one more. A
+// Fence made by NewFence returns an error wrapping
+// leasecore.ErrInvalidArgument: use RunTx.
 func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
 	const op = "run sql tx"
 	if err := f.checkRun(ctx, op, c, fn == nil, f.sql == nil, "RunTx"); err != nil {
@@ -394,15 +425,22 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 			_ = tx.Rollback()
 		}
 	}()
-	if s := f.timeoutSettings(); s != "" {
-		// No arguments: lib/pq sends the simple protocol, which takes
-		// several statements in one request.
-		if _, err := tx.ExecContext(ctx, s); err != nil {
+	if d := f.cfg.lockTimeout; d > 0 {
+		// No arguments: lib/pq sends the simple protocol.
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}
 	}
 	var floor int64
-	if err := tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor); err != nil {
+	var setting string
+	err = sql.ErrNoRows
+	if !f.fullCheckFirst() {
+		err = tx.QueryRowContext(ctx, f.stmt.sharedRun, c.Scope, int64(c.Token), f.idleSetting()).Scan(&floor, &setting)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		err = tx.QueryRowContext(ctx, f.stmt.checkRun, f.runArgs(c)...).Scan(&floor, &setting)
+	}
+	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	if leasecore.Token(floor) != c.Token {
@@ -420,6 +458,25 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
 }
 
+// fullCheckFirst reports whether a transaction starts with the full check
+// rather than the share-lock fast path: with leasecore.LogAll, whose
+// accepted entry only the full check writes.
+func (f *Fence) fullCheckFirst() bool { return f.cfg.log == leasecore.LogAll }
+
+// runArgs are the full check's parameters with the idle timeout as $6.
+func (f *Fence) runArgs(c leasecore.Claim) []any {
+	return append(f.args(c, false), f.idleSetting())
+}
+
+// idleSetting is the idle timeout as set_config takes it, nil to leave the
+// server's setting.
+func (f *Fence) idleSetting() any {
+	if d := f.cfg.idleInTxTimeout; d > 0 {
+		return strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	return nil
+}
+
 func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
 		return err
@@ -433,36 +490,13 @@ func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilF
 	return nil
 }
 
-// timeoutSettings is the SET LOCAL script of the configured timeouts, empty
-// when both are left to the server.
-func (f *Fence) timeoutSettings() string {
-	s := ""
+// queueLockTimeout queues the lock timeout, when one is set, for the rest
+// of the transaction (set_config with is_local: a pipeline's statements go
+// through the extended protocol, one statement each).
+func (f *Fence) queueLockTimeout(b *pgx.Batch) {
 	if d := f.cfg.lockTimeout; d > 0 {
-		s += "SET LOCAL lock_timeout = " + strconv.FormatInt(d.Milliseconds(), 10) + ";"
+		b.Queue("SELECT set_config('lock_timeout', $1::text, true)", strconv.FormatInt(d.Milliseconds(), 10))
 	}
-	if d := f.cfg.idleInTxTimeout; d > 0 {
-		s += "SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(d.Milliseconds(), 10) + ";"
-	}
-	return s
-}
-
-// queueTimeouts queues the configured timeouts as one statement. In a
-// pipeline every statement goes through the extended protocol, which takes
-// one statement at a time, so set_config (is_local = true: until the
-// transaction ends) replaces the SET LOCAL script.
-func (f *Fence) queueTimeouts(b *pgx.Batch) {
-	if f.cfg.lockTimeout == 0 && f.cfg.idleInTxTimeout == 0 {
-		return
-	}
-	setting := func(name string, d time.Duration) string {
-		if d == 0 {
-			return "current_setting('" + name + "')"
-		}
-		return "'" + strconv.FormatInt(d.Milliseconds(), 10) + "'"
-	}
-	b.Queue("SELECT set_config('lock_timeout', " + setting("lock_timeout", f.cfg.lockTimeout) +
-		", true), set_config('idle_in_transaction_session_timeout', " +
-		setting("idle_in_transaction_session_timeout", f.cfg.idleInTxTimeout) + ", true)")
 }
 
 // BatchSender sends a pgx.Batch: *pgxpool.Pool, *pgx.Conn, *pgxpool.Conn
@@ -474,16 +508,27 @@ type BatchSender interface {
 // SendBatch sends the check for c and then the statements of b as one
 // pipeline on s: one round trip. Sent outside an explicit transaction (on
 // a pool or a connection) the pipeline runs as one implicit transaction,
-// so when the check rejects c it raises an error that aborts the whole
-// pipeline: none of b's statements takes effect, and SendBatch returns the
-// rejection as a Result (logged like Check's), not as an error. Sent on a
-// pgx.Tx, a rejection aborts that transaction: roll it back.
+// so when the check does not let c through it raises an error that aborts
+// the whole pipeline: none of b's statements takes effect. Sent on a
+// pgx.Tx, such an abort ends that transaction's usefulness: roll it back.
+//
+// The check in the pipeline only passes when the scope's floor equals
+// c.Token (this holding period wrote before, or called Advance). When the
+// floor is below c.Token, or the scope has none, SendBatch advances it
+// (Advance, its own statement) and sends the pipeline once more: three
+// round trips, once per holding period that did not call Advance. When
+// the floor is above c.Token, SendBatch returns the rejection as a Result
+// (logged like Check's), not as an error. With leasecore.LogAll the
+// pipeline starts with the full check instead, which logs the accepted
+// attempt in the pipeline's transaction.
 //
 // b must not begin or end a transaction itself (no Batch.BeginTx, no
 // BEGIN or COMMIT statements: they would end the implicit transaction
-// early); b's callbacks (QueuedQuery.Exec, Query, QueryRow) run as usual.
-// An error from one of b's statements is returned as it is (wrapped), and
-// nothing of the pipeline took effect. The batch is consumed: send it once.
+// early). Its queries may be sent twice; their callbacks (QueuedQuery.Exec,
+// Query, QueryRow) run only for the pipeline that was applied. b itself is
+// not changed. An error
+// from one of b's statements is returned (wrapped), and nothing of b took
+// effect, though the floor may have been advanced to c.Token.
 func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
 	const op = "send batch"
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
@@ -495,19 +540,49 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 	case b == nil:
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "batch", Reason: "must not be nil"}
 	}
-	pipe := &pgx.Batch{}
-	f.queueTimeouts(pipe)
-	var floor int64
-	pipe.Queue(f.stmt.checkOrRaise, f.args(c, false)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
-	pipe.QueuedQueries = append(pipe.QueuedQueries, b.QueuedQueries...)
-	err := s.SendBatch(ctx, pipe).Close()
-	if floor, ok := rejectedFloor(err); ok {
-		return f.outcome(ctx, op, c, floor)
+	send := func(check string, args ...any) (floor int64, err error) {
+		pipe := &pgx.Batch{}
+		f.queueLockTimeout(pipe)
+		pipe.Queue(check, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+		// Fresh copies: pgx keeps a sent query's prepared-statement
+		// description in it, and after an aborted pipeline that statement
+		// may be gone from the server.
+		for _, q := range b.QueuedQueries {
+			pipe.QueuedQueries = append(pipe.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+		}
+		return floor, s.SendBatch(ctx, pipe).Close()
 	}
-	if err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	if f.fullCheckFirst() {
+		floor, err := send(f.stmt.checkOrRaise, f.args(c, false)...)
+		if floor, ok := rejectedFloor(err); ok {
+			return f.outcome(ctx, op, c, floor)
+		}
+		if err != nil {
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		}
+		return leasecore.Result{Accepted: true, Floor: leasecore.Token(floor)}, nil
 	}
-	return leasecore.Result{Accepted: true, Floor: leasecore.Token(floor)}, nil
+	for advanced := false; ; advanced = true {
+		_, err := send(f.stmt.guardOrRaise, c.Scope, int64(c.Token))
+		floor, ok := rejectedFloor(err)
+		switch {
+		case err == nil:
+			return leasecore.Result{Accepted: true, Floor: c.Token}, nil
+		case !ok:
+			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		case leasecore.Token(floor) > c.Token:
+			return f.outcome(ctx, op, c, floor)
+		case advanced:
+			// Only ever raised, the floor was c.Token or more after the
+			// advance: it was written outside the fence.
+			return leasecore.Result{}, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: it was written outside the fence",
+				pkg, op, c.Scope, floor, c.Token)
+		}
+		res, err := f.Advance(ctx, c)
+		if err != nil || !res.Accepted {
+			return res, err
+		}
+	}
 }
 
 // rejectedFloor recognises fence_reject's error and returns the floor it

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
@@ -29,17 +30,6 @@ var (
 	_ leasecore.BatchWriter    = (*Resource)(nil)
 	_ leasecore.ResourceReader = (*Resource)(nil)
 )
-
-// WithCommitGap is a TEST HOOK; production code never sets it. With it,
-// Write runs BEGIN; the fence statement; gap(ctx, w); COMMIT, so the write
-// holds the scope's floor row lock while gap runs and a test can show a
-// second writer of the scope waiting for it (SPEC F6b). If gap returns an
-// error, the write is rolled back and Write returns that error (wrapped).
-// Without it, Write runs the fence statement alone in autocommit. A Fence
-// ignores it.
-func WithCommitGap(gap func(ctx context.Context, w leasecore.Write) error) Option {
-	return func(c *config) { c.gap = gap }
-}
 
 // NewResource returns a fenced resource on a pgx pool connected to the
 // resource database. Options: WithAttemptLog (the default logs rejected
@@ -88,12 +78,9 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 		return leasecore.Result{}, err
 	}
 	c := leasecore.ClaimOf(w)
-	args := append(r.fence.args(c, true), w.Part, w.Content)
-	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
-		var floor int64
-		err := q.QueryRow(ctx, r.fence.stmt.write, args...).Scan(&floor)
-		return floor, err
-	})
+	return r.run(ctx, op, w,
+		query(ctx, r.fence.stmt.writeShared, c.Scope, int64(c.Token), c.Writer, w.Part, w.Content),
+		query(ctx, r.fence.stmt.write, append(r.fence.args(c, true), w.Part, w.Content)...))
 }
 
 // WriteBatch implements leasecore.BatchWriter with one statement (see
@@ -119,29 +106,53 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token}
-	args := append(r.fence.args(c, true), string(parts))
 	// The commit gap sees the batch as a write of its first part.
 	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token}
-	return r.run(ctx, op, w, func(q dbx.Querier) (int64, error) {
-		var floor int64
-		err := q.QueryRow(ctx, r.fence.stmt.writeBatch, args...).Scan(&floor)
-		return floor, err
-	})
+	return r.run(ctx, op, w,
+		query(ctx, r.fence.stmt.writeBatchShared, c.Scope, int64(c.Token), c.Writer, string(parts)),
+		query(ctx, r.fence.stmt.writeBatch, append(r.fence.args(c, true), string(parts))...))
 }
 
-// run executes a fence statement that returns the floor it left: alone in
-// autocommit, or, with the commit-gap test hook, inside a transaction that
-// stays open while the hook runs. The statement logs its own attempt,
-// rejected ones included: it commits whatever the outcome.
-func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, stmt func(dbx.Querier) (int64, error)) (res leasecore.Result, err error) {
-	// The statement stored the parts exactly when the floor it left equals
-	// our token.
+// statement runs one write statement on q and returns the floor it
+// returned; found is false when it returned no row.
+type statement func(q dbx.Querier) (floor int64, found bool, err error)
+
+func query(ctx context.Context, stmt string, args ...any) statement {
+	return func(q dbx.Querier) (int64, bool, error) {
+		var floor int64
+		err := q.QueryRow(ctx, stmt, args...).Scan(&floor)
+		if errors.Is(err, sql.ErrNoRows) {
+			return 0, false, nil
+		}
+		return floor, err == nil, err
+	}
+}
+
+// run executes a write: the fast path shared (the floor equals the token:
+// the parts stored under a share lock of the floor row, one statement),
+// and when it finds no equal floor — or the log is leasecore.LogAll, whose
+// accepted entry only the full statement writes — the full statement,
+// which raises the floor, stores the parts when accepted and logs the
+// attempt. Each runs alone in autocommit, or, with the commit-gap test
+// hook, inside one transaction that stays open while the hook runs.
+func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared, full statement) (res leasecore.Result, err error) {
+	exec := func(q dbx.Querier) (int64, error) {
+		if !r.fence.fullCheckFirst() {
+			if floor, found, err := shared(q); err != nil || found {
+				return floor, err
+			}
+		}
+		floor, _, err := full(q)
+		return floor, err
+	}
+	// The statements stored the parts exactly when the floor they left
+	// equals our token.
 	result := func(floor int64) leasecore.Result {
 		return leasecore.Result{Accepted: leasecore.Token(floor) == w.Token, Floor: leasecore.Token(floor)}
 	}
-	gap := r.fence.cfg.gap
+	gap := commitgap.From(ctx)
 	if gap == nil {
-		floor, err := stmt(r.fence.db)
+		floor, err := exec(r.fence.db)
 		if err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}
@@ -157,7 +168,7 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, stmt f
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
-	floor, err := stmt(tx)
+	floor, err := exec(tx)
 	if err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
-	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -80,7 +80,7 @@ func TestFencedWrite(t *testing.T) {
 
 // TestFenceQueuesWriters pins the interleaving of SPEC F6b on the real
 // server: writer A runs the fence statement and pauses before COMMIT
-// (WithCommitGap); writer B's statement on the same scope must block on
+// (internal/commitgap); writer B's statement on the same scope must block on
 // the lock A holds (seen in pg_stat_activity), and after A commits B
 // compares with the floor A committed. Both orders, for a new scope (the
 // INSERT branch: B waits on the unique index) and an existing one (the
@@ -108,14 +108,15 @@ func TestFenceQueuesWriters(t *testing.T) {
 					backendtest.Write(t, f.res, scope, "summary", "seed", "holder-s", tc.seed)
 				}
 				entered, resume := make(chan struct{}), make(chan struct{})
-				gapped, err := f.resPool.Resource(fencepg.WithCommitGap(func(ctx context.Context, w leasecore.Write) error {
-					close(entered)
-					<-resume
-					return nil
-				}))
+				plain, err := f.resPool.Resource()
 				if err != nil {
 					t.Fatal(err)
 				}
+				gapped := commitgap.Wrap(plain, func(ctx context.Context, w leasecore.Write) error {
+					close(entered)
+					<-resume
+					return nil
+				})
 				type outcome struct {
 					res leasecore.Result
 					err error

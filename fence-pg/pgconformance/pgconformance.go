@@ -27,6 +27,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
@@ -192,13 +193,18 @@ func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error
 }
 
 // FencedResourceWithGap implements conformance.CommitGapResources with
-// fencepg.WithCommitGap: the fence statement, gap, then COMMIT.
+// fence-pg's commit-gap test hook (internal/commitgap): the fence
+// statement, gap, then COMMIT.
 func (h *harness) FencedResourceWithGap(ctx context.Context, gap conformance.Gap) (conformance.Resource, error) {
 	c, err := h.open(ctx, h.cfg.ResourceDSN, resourceConns)
 	if err != nil {
 		return nil, err
 	}
-	return c.Resource(logAll, fencepg.WithCommitGap(gap))
+	res, err := c.Resource(logAll)
+	if err != nil {
+		return nil, err
+	}
+	return commitgap.Wrap(res, commitgap.Gap(gap)), nil
 }
 
 // LockWaits implements conformance.LockWaitProbe from pg_stat_activity: the
