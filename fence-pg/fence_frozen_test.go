@@ -98,8 +98,8 @@ func frozenTxHolderMain() int {
 // fenced transaction, holding the floor row's lock. Holder B, with a newer
 // token, queues behind it (pg_stat_activity shows B waiting on a lock) —
 // until the server ends A's idle session after
-// DefaultIdleInTransactionTimeout; then B is accepted, well before its own
-// DefaultLockTimeout. A, thawed, learns that its transaction is gone (an
+// DefaultIdleInTransactionTimeout; then B is accepted (a writer with a
+// short lock timeout gives up before, with ErrUnavailable). A, thawed, learns that its transaction is gone (an
 // error wrapping leasecore.ErrUnavailable), and none of its rows appear.
 func TestFenceFrozenInsideTx(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
@@ -138,6 +138,20 @@ func TestFenceFrozenInsideTx(t *testing.T) {
 		}
 		frozenAt := time.Now()
 
+		// A writer with a lock timeout gives up behind frozen A, with an
+		// error that says so and wraps ErrUnavailable.
+		impatient := openFence(t, f.resPool, fencepg.WithTimeouts(300*time.Millisecond, 0))
+		c := leasecore.Claim{Scope: "frozen", Writer: "holder-b", Token: 2}
+		var err2 error
+		if f.resPool.Pgx != nil {
+			_, err2 = impatient.RunTx(context.Background(), c, func(pgx.Tx) error { return nil })
+		} else {
+			_, err2 = impatient.RunSQLTx(context.Background(), c, func(*sql.Tx) error { return nil })
+		}
+		if !errors.Is(err2, leasecore.ErrUnavailable) || !strings.Contains(err2.Error(), "lock timeout") {
+			t.Fatalf("B with a 300ms lock timeout behind frozen A: %v, want ErrUnavailable (lock timeout)", err2)
+		}
+
 		// B writes with a newer token while A is frozen.
 		type outcome struct {
 			res leasecore.Result
@@ -154,16 +168,16 @@ func TestFenceFrozenInsideTx(t *testing.T) {
 		var b outcome
 		select {
 		case b = <-done:
-		case <-time.After(fencepg.DefaultLockTimeout + 5*time.Second):
-			t.Fatal("B still waiting after its lock timeout")
+		case <-time.After(fencepg.DefaultIdleInTransactionTimeout + 10*time.Second):
+			t.Fatal("B still waiting long after A's idle timeout")
 		}
 		backendtest.WantResult(t, "B after A's session ended", b.res, true, 2)
 		if waited := b.at.Sub(frozenAt); waited < fencepg.DefaultIdleInTransactionTimeout-time.Second {
 			t.Fatalf("B finished %v after A froze: it did not queue behind A's lock (idle timeout %v)",
 				waited, fencepg.DefaultIdleInTransactionTimeout)
 		} else {
-			t.Logf("B waited %v behind frozen A (idle-in-transaction timeout %v, lock timeout %v)",
-				waited.Round(time.Millisecond), fencepg.DefaultIdleInTransactionTimeout, fencepg.DefaultLockTimeout)
+			t.Logf("B waited %v behind frozen A (idle-in-transaction timeout %v)",
+				waited.Round(time.Millisecond), fencepg.DefaultIdleInTransactionTimeout)
 		}
 
 		// A wakes and goes on with its transaction.

@@ -100,6 +100,18 @@ func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) lease
 	return res
 }
 
+// floorVersion returns the floor row's xmin: it changes exactly when a new
+// version of the row is written.
+func (f fenceFixture) floorVersion(t *testing.T, scope string) string {
+	t.Helper()
+	var xmin string
+	if err := f.resourceDB.QueryRow(context.Background(),
+		`SELECT xmin::text FROM leasefence.fence_floor WHERE scope = $1`, scope).Scan(&xmin); err != nil {
+		t.Fatal(err)
+	}
+	return xmin
+}
+
 // job returns the user's rows of scope as text.
 func (f fenceFixture) job(t *testing.T, scope string) string {
 	t.Helper()
@@ -138,7 +150,13 @@ func TestFenceRun(t *testing.T) {
 		b := leasecore.Claim{Scope: "nightly", Writer: "holder-b", Token: 2}
 
 		backendtest.WantResult(t, "A's first run", f.writeJob(t, a, 10), true, 1)
+		// The same holding period again: the floor equals the token, and
+		// the check only share-locks the floor row — no new row version.
+		before := f.floorVersion(t, "nightly")
 		backendtest.WantResult(t, "A again, equal token", f.writeJob(t, a, 11), true, 1)
+		if after := f.floorVersion(t, "nightly"); after != before {
+			t.Errorf("an equal token's check wrote a new floor row version (xmin %s -> %s): the fast path was not taken", before, after)
+		}
 		backendtest.WantResult(t, "B", f.writeJob(t, b, 20), true, 2)
 		backendtest.WantResult(t, "A, stale", f.writeJob(t, a, 12), false, 2)
 		if got, want := f.job(t, "nightly"), "holder-b/2/20 lines=1:20,2:40"; got != want {
@@ -241,16 +259,18 @@ func TestFenceSendBatch(t *testing.T) {
 	}
 	wantFenceLog(t, f.fence, "p", "holder-a/1/false/2")
 
-	// A failing statement of the caller's: nothing of the pipeline stays,
-	// the floor's advance included.
+	// A failing statement of the caller's: none of its statements stay.
+	// Token 3 is new to the scope, so SendBatch advanced the floor to it
+	// before sending the pipeline again (its fast path passes only when the
+	// floor equals the token); that advance stays.
 	c := leasecore.Claim{Scope: "p", Writer: "holder-c", Token: 3}
 	bad := batch(c, 30)
 	bad.Queue(`INSERT INTO job_line (scope, line, amount) VALUES ($1, 1, NULL)`, c.Scope)
 	if _, err := f.fence.SendBatch(ctx, f.resPool.Pgx, c, bad); err == nil || !strings.Contains(err.Error(), "null value") {
 		t.Fatalf("batch with a failing statement: err = %v, want the not-null violation", err)
 	}
-	if fl, _ := f.fence.Floor(ctx, "p"); fl != 2 {
-		t.Fatalf("floor after the failed pipeline = %d, want 2", fl)
+	if fl, _ := f.fence.Floor(ctx, "p"); fl != 3 {
+		t.Fatalf("floor after the failed pipeline = %d, want 3 (advanced before it was sent again)", fl)
 	}
 	if got := f.job(t, "p"); got != "holder-b/2/20 lines=1:20" {
 		t.Fatalf("rows after the failed pipeline = %q", got)
@@ -474,4 +494,46 @@ type nilSender struct{}
 
 func (nilSender) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
 	panic("bad input reached SendBatch")
+}
+
+// TestResourceFastPath: the part store is built on the same check: a
+// second write of the same holding period stores its part under a share
+// lock of the floor row (no new floor version, no log entry by default);
+// a stale write is still rejected and logged.
+func TestResourceFastPath(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFenceFixture(t, driver)
+		res, err := func() (*fencepg.Resource, error) {
+			if f.resPool.Pgx != nil {
+				return fencepg.NewResource(f.resPool.Pgx)
+			}
+			return fencepg.NewResourceDB(f.resPool.SQL)
+		}()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		write := func(part string, tok leasecore.Token) leasecore.Result {
+			r, err := res.Write(ctx, leasecore.Write{Scope: "s", Part: part, Content: part, Writer: "w", Token: tok})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		backendtest.WantResult(t, "first write", write("a", 2), true, 2)
+		before := f.floorVersion(t, "s")
+		backendtest.WantResult(t, "same token, other part", write("b", 2), true, 2)
+		b2, err := res.WriteBatch(ctx, leasecore.Batch{Scope: "s", Writer: "w", Token: 2,
+			Parts: []leasecore.PartContent{{Part: "c", Content: "c"}, {Part: "d", Content: "d"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		backendtest.WantResult(t, "same token, batch", b2, true, 2)
+		if after := f.floorVersion(t, "s"); after != before {
+			t.Errorf("equal-token writes wrote a new floor version (xmin %s -> %s)", before, after)
+		}
+		backendtest.WantPart(t, res, "s", "d", "d", "w", 2)
+		backendtest.WantResult(t, "stale", write("e", 1), false, 2)
+		wantFenceLog(t, f.fence, "s", "w/1/false/2")
+	})
 }

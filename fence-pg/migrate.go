@@ -24,7 +24,7 @@ var (
 // DefaultSchema is the PostgreSQL schema the library's tables live in
 // unless WithSchema says otherwise: a schema of their own, so that they
 // never collide with the application's tables.
-const DefaultSchema = pgsql.DefaultSchema
+const DefaultSchema = "leasefence"
 
 var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 

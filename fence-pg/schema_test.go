@@ -14,6 +14,7 @@ import (
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -110,6 +111,14 @@ func TestSchemaForeignOrOutdated(t *testing.T) {
 		if !errors.Is(err, leasecore.ErrSchema) || !strings.Contains(err.Error(), "missing") {
 			t.Fatalf("check schema of an empty database: %v, want ErrSchema (missing)", err)
 		}
+	}
+}
+
+// TestDefaultSchemaMatchesSQL: the exported default is the schema the SQL
+// text names (it is spelled out for godoc readers).
+func TestDefaultSchemaMatchesSQL(t *testing.T) {
+	if fencepg.DefaultSchema != pgsql.DefaultSchema {
+		t.Fatalf("fencepg.DefaultSchema %q != pgsql.DefaultSchema %q", fencepg.DefaultSchema, pgsql.DefaultSchema)
 	}
 }
 
@@ -210,6 +219,32 @@ func TestRuntimeRole(t *testing.T) {
 		}
 		if r, err := write(g.Token); err != nil || !r.Accepted {
 			t.Fatalf("fenced transaction: %+v %v", r, err)
+		}
+		// Check in a transaction of the caller's, in the configured schema.
+		var checked leasecore.Result
+		if p.Pgx != nil {
+			tx, err := p.Pgx.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked, err = fence.Check(ctx, tx, c)
+			_ = tx.Rollback(ctx)
+			if err != nil {
+				t.Fatalf("check: %v", err)
+			}
+		} else {
+			tx, err := p.SQL.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked, err = fence.CheckTx(ctx, tx, c)
+			_ = tx.Rollback()
+			if err != nil {
+				t.Fatalf("check: %v", err)
+			}
+		}
+		if !checked.Accepted {
+			t.Fatalf("check: %+v", checked)
 		}
 		if r, err := write(g.Token); err != nil || !r.Accepted { // an equal token writes again
 			t.Fatalf("fenced transaction again: %+v %v", r, err)

@@ -58,6 +58,67 @@ func logAttempt(part string) string {
 )`
 }
 
+// sharedFloor is the fast path of every check: the floor already equals
+// the token $2 (the same holding period wrote before, or advanced the
+// floor). It share-locks the floor row and writes nothing; see fenceCTEs
+// for why that suffices. No row means "not equal, or no floor": the caller
+// then runs the full check, which also raises the floor.
+const sharedFloor = `SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE`
+
+// idleTimeout sets the transaction's idle_in_transaction_session_timeout
+// to $N (milliseconds as text; NULL: leave the server's setting). It sits
+// in the select list of the check a fenced transaction starts with, so it
+// costs no statement of its own: it only has to be in force once the
+// check returns and the transaction can go idle.
+func idleTimeout(param string) string {
+	return `set_config('idle_in_transaction_session_timeout',
+  coalesce(` + param + `::text, current_setting('idle_in_transaction_session_timeout')), true)`
+}
+
+// FenceSharedRun is sharedFloor for fencepg.Fence.RunTx and RunSQLTx, with
+// the idle timeout $3.
+var FenceSharedRun = `SELECT max_token, ` + idleTimeout("$3") + `
+  FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE`
+
+// FenceCheckRun is FenceCheck with the idle timeout $6, for RunTx and
+// RunSQLTx when the fast path found no equal floor.
+var FenceCheckRun = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
+SELECT max_token, ` + idleTimeout("$6") + ` FROM floor`
+
+// FenceGuardOrRaise is the fast path of a pipeline (fencepg.Fence.SendBatch):
+// it share-locks the floor row and returns the floor when it equals $2;
+// otherwise — a floor above or below the token, or none — it raises
+// RejectedState through fence_reject with the floor (0 for none) in
+// DETAIL, aborting the pipeline. The caller tells a floor below the token
+// (advance, then send again) from one above it (rejected).
+const FenceGuardOrRaise = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_token
+            ELSE leasefence.fence_reject($1::text, $2::bigint, coalesce(f.max_token, 0)) END
+  FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+    SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text FOR SHARE) AS f ON true`
+
+// FencedWriteShared is FencedWrite's fast path: the floor equals the token,
+// so the part is stored under a share lock of the floor row, with no new
+// floor version and no log entry (an accepted write is logged only with
+// leasecore.LogAll, which takes FencedWrite). $1 scope, $2 token, $3
+// writer, $4 part, $5 content. No row back: run FencedWrite.
+var FencedWriteShared = `WITH same AS (` + sharedFloor + `), part AS (
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
+  SELECT $1::text, $4::text, $5::text, $3::text, $2::bigint FROM same
+  ` + upsertPart + `
+)
+SELECT max_token FROM same`
+
+// FencedWriteBatchShared is FencedWriteShared for a batch: $4 is the JSON
+// array of {"part", "content"}.
+var FencedWriteBatchShared = `WITH same AS (` + sharedFloor + `), input AS (
+  SELECT * FROM json_to_recordset($4::json) AS i(part text, content text)
+), part AS (
+  INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
+  SELECT $1::text, input.part, input.content, $3::text, $2::bigint FROM same, input
+  ` + upsertPart + `
+)
+SELECT max_token FROM same`
+
 // FenceCheck is the check a caller runs inside its own transaction
 // (fencepg.Fence.Check). It returns the floor; accepted ⇔ floor = $2.
 // After a rejection the caller rolls back, which would take a rejected
