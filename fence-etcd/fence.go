@@ -164,6 +164,9 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 //	Then(OpTxn(t.If, t.Then, t.Else) [, Put(attempt) with leasecore.LogAll])
 //	Else(Get(floor))
 //
+// (a t without If and Else puts its Then operations straight into the
+// guarded branch instead of nesting them).
+//
 // Accepted: the caller's transaction was applied, atomically with the
 // fence's compare, and the returned response is its own (Succeeded says
 // which of its branches ran; Responses are its operations' answers;
@@ -213,7 +216,15 @@ type recordFunc func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord
 func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn, at time.Time,
 	record recordFunc) (leasecore.Result, *clientv3.TxnResponse, error) {
 	floorKey, attemptKey := f.layout.Floor(c.Scope), f.layout.NewAttempt(c.Scope, at)
+	// A caller's transaction without compares of its own is its Then
+	// branch: its operations go straight into the guarded branch, which
+	// etcd applies more cheaply than a nested transaction (measured in
+	// docs/performance.md); the caller still gets a response of its own.
+	flat := len(t.If) == 0 && len(t.Else) == 0
 	then := []clientv3.Op{clientv3.OpTxn(t.If, t.Then, t.Else)}
+	if flat {
+		then = append([]clientv3.Op(nil), t.Then...)
+	}
 	if f.log == leasecore.LogAll {
 		then = append(then, clientv3.OpPut(attemptKey, record(true, c.Token).Encode()))
 	}
@@ -224,6 +235,10 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return leasecore.Result{}, nil, etcdkv.MapError(ctx, pkg, op, err)
 		}
 		if resp.Succeeded {
+			if flat {
+				return leasecore.Result{Accepted: true, Floor: c.Token},
+					&clientv3.TxnResponse{Header: resp.Header, Succeeded: true, Responses: resp.Responses[:len(t.Then)]}, nil
+			}
 			inner := (*clientv3.TxnResponse)(resp.Responses[0].GetResponseTxn())
 			inner.Header = resp.Header // a nested response's header is empty
 			return leasecore.Result{Accepted: true, Floor: c.Token}, inner, nil
