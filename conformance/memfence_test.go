@@ -17,6 +17,7 @@ import (
 type memHarness struct {
 	leases *memfence.Leases
 	res    *memfence.Resource
+	lock   *memWriteLock // the part store's write lock (memgap_test.go)
 	ctl    *memControls
 	user   *memUserData
 	// holders serves the state to holder processes (memholder_test.go).
@@ -28,7 +29,7 @@ type memHarness struct {
 }
 
 func newMemHarness(context.Context) (conformance.Harness, error) {
-	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), ctl: newMemControls(), user: newMemUserData()}, nil
+	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), lock: &memWriteLock{}, ctl: newMemControls(), user: newMemUserData()}, nil
 }
 
 func (h *memHarness) Traits() conformance.Traits {
@@ -45,16 +46,18 @@ func (h *memHarness) Traits() conformance.Traits {
 
 func (h *memHarness) OpenLease(context.Context) (leasecore.Lease, error) { return h.leases, nil }
 
-func (h *memHarness) OpenResource(context.Context) (conformance.Resource, error) { return h.res, nil }
+func (h *memHarness) OpenResource(context.Context) (conformance.Resource, error) {
+	return memPartStore{Resource: h.res, lock: h.lock}, nil
+}
 
 func (h *memHarness) Close() error { h.holders.close(); return nil }
 
 func (h *memHarness) FencedResourceWithGap(_ context.Context, gap conformance.Gap) (conformance.Resource, error) {
-	return h.res.Client(memfence.WithCommitGap(gap)), nil
+	return memPartStore{Resource: h.res, lock: h.lock, gap: gap}, nil
 }
 
 func (h *memHarness) LockWaits(context.Context) ([]string, error) {
-	if n := h.res.LockWaits() + int(h.user.waiting.Load()); n > 0 {
+	if n := h.lock.waiting.Load() + h.user.waiting.Load(); n > 0 {
 		return []string{fmt.Sprintf("%d write(s) waiting for the resource mutex", n)}, nil
 	}
 	return nil, nil

@@ -3,7 +3,6 @@ package memfence
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
@@ -12,49 +11,15 @@ import (
 // Resource is an in-memory fenced resource with a scope-level floor and a
 // write log. The zero value is not usable; call NewResource.
 type Resource struct {
-	*store
-	// gap, when set, runs inside the atomic write after the floor check and
-	// before the result is applied, with the resource locked (see
-	// WithCommitGap).
-	gap func(context.Context, leasecore.Write) error
-}
-
-// store is the state all clients of one resource share.
-type store struct {
-	waiting atomic.Int64 // writes blocked on mu, for LockWaits
-	mu      sync.Mutex
-	floors  map[string]leasecore.Token
-	parts   map[[2]string]leasecore.StoredPart
-	log     []leasecore.Attempt
-}
-
-// ResourceOption configures NewResource.
-type ResourceOption func(*Resource)
-
-// WithCommitGap sets a test hook called inside each write, after the floor
-// check and before anything is applied, while the resource is locked: the
-// in-memory counterpart of pausing a database transaction before COMMIT.
-// If it returns an error the write is abandoned and nothing is applied.
-// Production code never sets it.
-func WithCommitGap(gap func(context.Context, leasecore.Write) error) ResourceOption {
-	return func(r *Resource) { r.gap = gap }
+	mu     sync.Mutex
+	floors map[string]leasecore.Token
+	parts  map[[2]string]leasecore.StoredPart
+	log    []leasecore.Attempt
 }
 
 // NewResource returns an empty resource.
-func NewResource(opts ...ResourceOption) *Resource {
-	st := &store{floors: map[string]leasecore.Token{}, parts: map[[2]string]leasecore.StoredPart{}}
-	return (&Resource{store: st}).Client(opts...)
-}
-
-// Client returns another client of the same resource (same floors, parts
-// and log) with its own options, as a second connection to a database
-// would be.
-func (r *Resource) Client(opts ...ResourceOption) *Resource {
-	c := &Resource{store: r.store}
-	for _, o := range opts {
-		o(c)
-	}
-	return c
+func NewResource() *Resource {
+	return &Resource{floors: map[string]leasecore.Token{}, parts: map[[2]string]leasecore.StoredPart{}}
 }
 
 var (
@@ -68,7 +33,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	return r.write(ctx, w, []leasecore.PartContent{{Part: w.Part, Content: w.Content}})
+	return r.write(w, []leasecore.PartContent{{Part: w.Part, Content: w.Content}})
 }
 
 // WriteBatch implements leasecore.BatchWriter: one floor comparison, all
@@ -78,15 +43,13 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 		return leasecore.Result{}, err
 	}
 	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Content: b.Parts[0].Content, Writer: b.Writer, Token: b.Token}
-	return r.write(ctx, w, b.Parts)
+	return r.write(w, b.Parts)
 }
 
 // write compares w's token with the floor and applies parts under one
 // lock; w names the scope, writer and token (and is what the gap sees).
-func (r *Resource) write(ctx context.Context, w leasecore.Write, parts []leasecore.PartContent) (leasecore.Result, error) {
-	r.waiting.Add(1)
+func (r *Resource) write(w leasecore.Write, parts []leasecore.PartContent) (leasecore.Result, error) {
 	r.mu.Lock()
-	r.waiting.Add(-1)
 	defer r.mu.Unlock()
 
 	// Compare and decide under the same lock that applies the write: that
@@ -95,11 +58,6 @@ func (r *Resource) write(ctx context.Context, w leasecore.Write, parts []leaseco
 	accepted := w.Token >= floor
 	if accepted {
 		floor = w.Token
-	}
-	if r.gap != nil {
-		if err := r.gap(ctx, w); err != nil {
-			return leasecore.Result{}, err
-		}
 	}
 	now := time.Now()
 	if accepted {
@@ -117,10 +75,6 @@ func (r *Resource) write(ctx context.Context, w leasecore.Write, parts []leaseco
 	}
 	return leasecore.Result{Accepted: accepted, Floor: floor}, nil
 }
-
-// LockWaits returns how many writes are blocked waiting for another write
-// to finish: the in-memory counterpart of PostgreSQL's lock waits.
-func (r *Resource) LockWaits() int { return int(r.waiting.Load()) }
 
 // Floor implements leasecore.ResourceReader.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
