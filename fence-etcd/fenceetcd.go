@@ -152,11 +152,13 @@ func WithPrefix(prefix string) Option {
 // it releases, which in shared mode would end all of that holder's names.
 //
 // Grant.Start of a shared-mode Acquire may be up to TTL/3 before the call
-// (the shared lease's last refresh). A caller that replaces it with its own
-// clock reading taken before the call — leasecore.Session does, for the
-// period up to its first renewal — gets a local deadline up to TTL/3 - margin
-// later than the key's real expiry; use Grant.Start as returned, or a
-// margin of at least TTL/3.
+// (the shared lease's last refresh), and the key expires TTL after that.
+// leasecore.Session keeps the earlier of its own clock reading before the
+// call and Grant.Start, so its local deadline follows the backdated start.
+// A caller that replaces Grant.Start with its own reading instead gets a
+// local deadline up to TTL/3 later than it should be, possibly after the
+// key's real expiry; use Grant.Start as returned, or a margin of at least
+// TTL/3.
 func WithSharedLeases() Option {
 	return func(o *etcdkv.Options) { o.SharedLeases = true }
 }
