@@ -135,20 +135,25 @@ func atomicRace(c *caseRun, res Resource, prefix string) {
 		var ea, eb error
 		var ready, done sync.WaitGroup
 		barrier := make(chan struct{})
-		ready.Add(2)
-		done.Add(2)
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-barrier
-			ra, ea = res.Write(c.ctx, raceA(sc))
-		}()
-		go func() {
-			defer done.Done()
-			ready.Done()
-			<-barrier
-			rb, eb = res.Write(c.ctx, raceB(sc))
-		}()
+		racer := func(w leasecore.Write, r *leasecore.Result, e *error) {
+			ready.Add(1)
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				ready.Done()
+				<-barrier
+				*r, *e = res.Write(c.ctx, w)
+			}()
+		}
+		// Start the two goroutines in alternating order, so neither is
+		// favoured by the order it was started in.
+		if i%2 == 0 {
+			racer(raceA(sc), &ra, &ea)
+			racer(raceB(sc), &rb, &eb)
+		} else {
+			racer(raceB(sc), &rb, &eb)
+			racer(raceA(sc), &ra, &ea)
+		}
 		ready.Wait()
 		close(barrier)
 		done.Wait()
