@@ -2,6 +2,8 @@ package main
 
 import (
 	_ "embed"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -15,27 +17,83 @@ import (
 var limitsTemplate string
 
 // limitsRow is one configuration's figures for LIMITS.md, read from the
-// lines its run printed.
+// lines its run printed, and the findings computed from them.
 type limitsRow struct {
 	Name, Downtime, Remaining, ExpiryAfterStop string
 	Passed, Failed                             int
+
+	// CrashTTL and StopTTL are the TTLs F8 and F4 used, as printed.
+	CrashTTL, StopTTL string
+	// DowntimeFinding and ExpiryFinding are what the figures show, in
+	// words; they change when the figures do.
+	DowntimeFinding, ExpiryFinding string
 }
 
 var (
 	reDowntime  = regexp.MustCompile(`down for (\S+)`)
 	reRemaining = regexp.MustCompile(`held=\w+ with (\S+) left`)
+	reCrashTTL  = regexp.MustCompile(`left of its ttl (\S+)`)
 	reExpiry    = regexp.MustCompile(`expired by the backend's clock (\S+) after SIGSTOP`)
+	reStopTTL   = regexp.MustCompile(`(?m)^CASE F4 ::.*\n  note resource=\S+; ttl=(\S+) `)
 )
+
+const notRun = "(not run)"
 
 func newLimitsRow(name, output string, passed, failed int) limitsRow {
 	find := func(re *regexp.Regexp) string {
 		if m := re.FindStringSubmatch(output); m != nil {
 			return m[1]
 		}
-		return "(not run)"
+		return notRun
 	}
-	return limitsRow{Name: name, Passed: passed, Failed: failed,
-		Downtime: find(reDowntime), Remaining: find(reRemaining), ExpiryAfterStop: find(reExpiry)}
+	r := limitsRow{Name: name, Passed: passed, Failed: failed,
+		Downtime: find(reDowntime), Remaining: find(reRemaining), ExpiryAfterStop: find(reExpiry),
+		CrashTTL: find(reCrashTTL), StopTTL: find(reStopTTL)}
+	r.DowntimeFinding = downtimeFinding(r.CrashTTL, r.Downtime, r.Remaining)
+	r.ExpiryFinding = expiryFinding(r.StopTTL, r.ExpiryAfterStop)
+	return r
+}
+
+// slack absorbs the time between the figures' readings (the acquire, the
+// crash, the read after the restart): a few round trips on loopback.
+const slack = 100 * time.Millisecond
+
+// downtimeFinding says whether the lease's TTL kept running while the
+// server was down, from F8's figures: a lease that came back with no more
+// than TTL minus the downtime left kept counting; one that came back with
+// (about) its whole TTL did not.
+func downtimeFinding(ttlS, downS, leftS string) string {
+	ttl, err1 := time.ParseDuration(ttlS)
+	down, err2 := time.ParseDuration(downS)
+	left, err3 := time.ParseDuration(leftS)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return "F8 did not run here: nothing measured"
+	}
+	figures := fmt.Sprintf("down %v, the lease (TTL %v) came back with %v left", down, ttl, left)
+	switch {
+	case left+down <= ttl+slack:
+		return figures + ": at most TTL minus the downtime, so the TTL kept running while the server was down"
+	case left >= ttl-slack:
+		return figures + ": its whole TTL again, so the downtime did not count against it"
+	default:
+		return figures + ": more than TTL minus the downtime but less than the whole TTL, so part of the downtime did not count"
+	}
+}
+
+// expiryFinding relates the time the lease took to expire after SIGSTOP
+// to F4's TTL: within it (the TTL counted from A's last renewal before
+// the freeze) or beyond it (by how much the backend was late).
+func expiryFinding(ttlS, expS string) string {
+	ttl, err1 := time.ParseDuration(ttlS)
+	exp, err2 := time.ParseDuration(expS)
+	if err1 != nil || err2 != nil {
+		return "F4 did not run here: nothing measured"
+	}
+	figures := fmt.Sprintf("expired %v after SIGSTOP with a TTL of %v", exp, ttl)
+	if exp <= ttl+slack {
+		return figures + ": within the TTL, which counted from A's last renewal before the freeze"
+	}
+	return figures + fmt.Sprintf(": %v later than a TTL counted from the freeze itself, the time the backend took to notice the expiry", (exp-ttl).Round(time.Millisecond))
 }
 
 // writeLimits writes LIMITS.md from the template and the run's figures.
@@ -43,33 +101,33 @@ func (l *lab) writeLimits(pgVersion string, rows []limitsRow) error {
 	if len(rows) == 0 {
 		return nil
 	}
+	f, err := os.Create(filepath.Join(l.outDir, "LIMITS.md"))
+	if err != nil {
+		return err
+	}
+	err = renderLimits(f, pgVersion, time.Now(), rows)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// renderLimits executes the template for rows.
+func renderLimits(w io.Writer, pgVersion string, at time.Time, rows []limitsRow) error {
 	var names []string
 	for _, r := range rows {
 		names = append(names, r.Name)
-	}
-	byName := map[string]limitsRow{}
-	for _, r := range rows {
-		byName[r.Name] = r
 	}
 	t, err := template.New("limits").Parse(limitsTemplate)
 	if err != nil {
 		return err
 	}
-	f, err := os.Create(filepath.Join(l.outDir, "LIMITS.md"))
-	if err != nil {
-		return err
-	}
-	err = t.Execute(f, map[string]any{
-		"Date":      time.Now().UTC().Format(time.RFC3339),
+	return t.Execute(w, map[string]any{
+		"Date":      at.UTC().Format(time.RFC3339),
 		"PGVersion": pgVersion,
 		"GoVersion": runtime.Version(),
 		"CPUs":      runtime.NumCPU(),
 		"Configs":   strings.Join(names, ", "),
-		"ByName":    byName,
 		"Rows":      rows,
 	})
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }
