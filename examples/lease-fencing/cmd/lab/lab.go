@@ -68,19 +68,29 @@ func pgHarness(driver string) func(s servers) conformance.NewHarness {
 	}
 }
 
+// etcdHarness is the etcd harness on the lab's etcd server, with or
+// without shared leases.
+func etcdHarness(shared bool) func(s servers) conformance.NewHarness {
+	return func(s servers) conformance.NewHarness {
+		return etcdconformance.New(etcdconformance.Config{
+			Endpoints:    s.etcd.Endpoints(),
+			HolderArgs:   holderArgs,
+			SharedLeases: shared,
+			Crash: func(ctx context.Context) (string, time.Duration, error) {
+				d, err := s.etcd.KillRestart(ctx)
+				return "SIGKILL to the etcd server process, restart on the same data directory", d, err
+			},
+		})
+	}
+}
+
 var allConfigs = []config{
 	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", "postgres", true, false, true, pgHarness(pgconformance.DriverPgx)},
 	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", "postgres", true, false, false, pgHarness(pgconformance.DriverLibpq)},
-	{"etcd", "output-etcd.txt", "etcd, lease and resource (tokens are revisions)", "etcd", false, true, false, func(s servers) conformance.NewHarness {
-		return etcdconformance.New(etcdconformance.Config{
-			Endpoints:  s.etcd.Endpoints(),
-			HolderArgs: holderArgs,
-			Crash: func(ctx context.Context) (string, time.Duration, error) {
-				d, err := s.etcd.KillRestart(ctx)
-				return "SIGKILL to the etcd server process, restart on the same data directory (WAL replay)", d, err
-			},
-		})
-	}},
+	{"etcd", "output-etcd.txt", "etcd, lease and resource (tokens are revisions)", "etcd", false, true, false, etcdHarness(false)},
+	// The shared-lease mode (fenceetcd.WithSharedLeases: one etcd lease per
+	// holder and TTL) runs on the same server after "etcd", in its lane.
+	{"etcd-shared", "output-etcd-shared.txt", "etcd, lease and resource, shared leases (fenceetcd.WithSharedLeases)", "etcd", false, true, false, etcdHarness(true)},
 	{"etcd-lease-pg-resource", "output-etcd-lease-pg-resource.txt", "etcd lease, PostgreSQL resource (pgx/v5)", "pair", true, true, false, func(s servers) conformance.NewHarness {
 		return mixed.New(mixed.Config{
 			EtcdEndpoints: s.etcd.Endpoints(),
