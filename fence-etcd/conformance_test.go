@@ -29,7 +29,7 @@ func TestConformance(t *testing.T) {
 				HolderArgs: []string{"-test.run=^$"}, // TestMain turns the binary into the holder
 				Crash: func(ctx context.Context) (string, time.Duration, error) {
 					d, err := srv.KillRestart(ctx)
-					return "SIGKILL to the etcd server process, restart on the same data directory (WAL replay)", d, err
+					return "SIGKILL to the etcd server process, restart on the same data directory", d, err
 				},
 				SharedLeases: mode.shared,
 			}))
