@@ -1,6 +1,9 @@
 package leasecore
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Clock is the local clock a Session uses for its deadline and its renewal
 // timer. Tests inject a fake one to skew or freeze time; everything else
@@ -30,3 +33,26 @@ type systemTimer struct{ t *time.Timer }
 
 func (t systemTimer) C() <-chan time.Time { return t.t.C }
 func (t systemTimer) Stop() bool          { return t.t.Stop() }
+
+// withClockTimeout returns a copy of parent that is also cancelled, with
+// cause, once d has passed on clock. The returned cancel function stops the
+// timer and must be called. On SystemClock it is context.WithTimeoutCause;
+// on any other clock one goroutine waits for the timer until cancel.
+func withClockTimeout(parent context.Context, clock Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
+	if _, ok := clock.(systemClock); ok {
+		return context.WithTimeoutCause(parent, d, cause)
+	}
+	ctx, cancel := context.WithCancelCause(parent)
+	t := clock.NewTimer(d)
+	go func() {
+		select {
+		case <-t.C():
+			cancel(cause)
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		t.Stop()
+		cancel(context.Canceled)
+	}
+}

@@ -23,23 +23,32 @@ import (
 // renewal, so the margin must cover the renew round trip and any clock-rate
 // difference.
 //
-// A Session ends, closing Done, when a renewal finds the hold lost
-// (ErrLost), when the local deadline passes without a successful renewal
-// (ErrLocalDeadline), or when Close is called (ErrClosed). An ended session
-// never revives: acquire a new one, which gets a new token. Close must be
-// called in every case; it stops the renewal goroutine.
+// A Session ends, closing Done and cancelling Context, when a renewal
+// finds the hold lost (ErrLost), when the local deadline passes without a
+// successful renewal (ErrLocalDeadline), or when Close is called
+// (ErrClosed). An ended session never revives: acquire a new one, which
+// gets a new token. Close must be called in every case; it stops the
+// renewal goroutine.
+//
+// Each renew attempt has its own timeout (WithRenewTimeout, by default the
+// renew interval, never past the local deadline): a request stuck on a
+// half-open connection is cancelled, and the next attempt, on a new
+// connection, can still keep the lease.
 type Session struct {
-	lease    Lease
-	clock    Clock
-	margin   time.Duration
-	interval time.Duration
-	onRenew  func(RenewEvent)
+	lease        Lease
+	clock        Clock
+	margin       time.Duration
+	interval     time.Duration
+	renewTimeout time.Duration
+	onRenew      func(RenewEvent)
 
 	mu       sync.Mutex
 	grant    Grant
 	deadline time.Time
 	err      error // why the session ended; nil while it runs
 
+	ctx        context.Context // cancelled with err as its cause when the session ends
+	cancelCtx  context.CancelCauseFunc
 	done       chan struct{} // closed when the session ends
 	loopCtx    context.Context
 	cancelLoop context.CancelFunc
@@ -64,6 +73,8 @@ type SessionOption func(*sessionConfig)
 type sessionConfig struct {
 	ttl, interval, margin  time.Duration
 	intervalSet, marginSet bool
+	renewTimeout           time.Duration // 0: the renew interval
+	renewTimeoutSet        bool
 	clock                  Clock
 	onRenew                func(RenewEvent)
 }
@@ -86,6 +97,17 @@ func WithRenewInterval(d time.Duration) SessionOption {
 // deadline is that much earlier than the earliest possible server expiry.
 func WithMargin(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.margin, c.marginSet = d, true }
+}
+
+// WithRenewTimeout sets how long one renew attempt may take before its
+// context is cancelled and it counts as failed (default: the renew
+// interval, so a stuck attempt ends by the next one). An attempt never runs
+// past the local deadline. The same bound applies to the best-effort
+// releases the session makes on its own. Renew and Release must return
+// soon after their context ends; one that does not still delays the next
+// attempt, though never the end of the session at its local deadline.
+func WithRenewTimeout(d time.Duration) SessionOption {
+	return func(c *sessionConfig) { c.renewTimeout, c.renewTimeoutSet = d, true }
 }
 
 // WithClock sets the local clock (default SystemClock).
@@ -112,6 +134,9 @@ func newSessionConfig(op string, lease Lease, opts []SessionOption) (sessionConf
 	}
 	if !cfg.marginSet {
 		cfg.margin = cfg.ttl / 5
+	}
+	if !cfg.renewTimeoutSet {
+		cfg.renewTimeout = cfg.interval
 	}
 	return cfg, cfg.check(op, lease)
 }
@@ -140,6 +165,8 @@ func (c *sessionConfig) check(op string, lease Lease) error {
 		return bad("renew interval", c.interval, fmt.Sprintf(
 			"must be shorter than ttl - margin (%v), or the local deadline passes before the first renewal",
 			c.ttl-c.margin))
+	case c.renewTimeout <= 0:
+		return bad("renew timeout", c.renewTimeout, "must be positive")
 	}
 	return nil
 }
@@ -166,27 +193,46 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 	if !cfg.clock.Now().Before(deadline) {
 		// The acquire took longer than ttl - margin: the grant is unusable.
 		// Give it back so nobody waits for it to expire.
-		_ = lease.Release(context.WithoutCancel(ctx), g)
+		cfg.releaseBestEffort(ctx, lease, g)
 		return nil, fmt.Errorf("leasecore: new session %q: acquire took longer than ttl - margin (%v): %w",
 			name, cfg.ttl-cfg.margin, ErrLocalDeadline)
 	}
 
 	loopCtx, cancel := context.WithCancel(context.Background())
+	sessCtx, cancelSess := context.WithCancelCause(context.Background())
 	s := &Session{
-		lease:      lease,
-		clock:      cfg.clock,
-		margin:     cfg.margin,
-		interval:   cfg.interval,
-		onRenew:    cfg.onRenew,
-		grant:      g,
-		deadline:   deadline,
-		done:       make(chan struct{}),
-		loopCtx:    loopCtx,
-		cancelLoop: cancel,
-		loopDone:   make(chan struct{}),
+		lease:        lease,
+		clock:        cfg.clock,
+		margin:       cfg.margin,
+		interval:     cfg.interval,
+		renewTimeout: cfg.renewTimeout,
+		onRenew:      cfg.onRenew,
+		grant:        g,
+		deadline:     deadline,
+		ctx:          sessCtx,
+		cancelCtx:    cancelSess,
+		done:         make(chan struct{}),
+		loopCtx:      loopCtx,
+		cancelLoop:   cancel,
+		loopDone:     make(chan struct{}),
 	}
 	go s.renewLoop()
 	return s, nil
+}
+
+// errReleaseTimeout is the cause of a best-effort release's context when its
+// time is up.
+var errReleaseTimeout = fmt.Errorf("leasecore: best-effort release timed out: %w", ErrUnavailable)
+
+// releaseBestEffort gives g back when nobody waits for the answer (a grant
+// that came too late, a name acquired after Close). It does not inherit
+// ctx's cancellation, the caller having usually given up already, but is
+// bounded by the renew timeout on the session's clock: after the TTL the
+// lease frees itself anyway.
+func (c *sessionConfig) releaseBestEffort(ctx context.Context, lease Lease, g Grant) {
+	rctx, cancel := withClockTimeout(context.WithoutCancel(ctx), c.clock, c.renewTimeout, errReleaseTimeout)
+	defer cancel()
+	_ = lease.Release(rctx, g)
 }
 
 // Token returns the session's fencing token. It never changes during a
@@ -223,6 +269,25 @@ func (s *Session) Valid() bool {
 // Done returns a channel that is closed when the session ends.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
+// Context returns a context that is cancelled when the session ends, with
+// Err() as its cause (context.Cause): an error wrapping ErrLocalDeadline,
+// ErrLost or ErrClosed. Work done for the holder should run under it, so it
+// stops when the holder must.
+//
+// The local deadline is timer-driven by the session's clock, so the context
+// is cancelled on time even while a renewal hangs. It counts from a clock
+// reading taken before the request, so it is cancelled before the backend
+// can grant the lease to anyone else, as long as the two clocks run at the
+// same rate and the margin covers the time the renewal goroutine needs to
+// be scheduled. A cancelled context is still no protection for a write
+// that is already under way: the token check is.
+//
+// The context carries no values and no deadline; it is not derived from
+// NewSession's ctx, which bounds the acquire only. To end work on either,
+// derive from your own context and stop it with context.AfterFunc on this
+// one, as Campaign does for its function.
+func (s *Session) Context() context.Context { return s.ctx }
+
 // Err returns nil while the session runs, and afterwards why it ended: an
 // error wrapping ErrLost, ErrLocalDeadline or ErrClosed.
 func (s *Session) Err() error {
@@ -232,15 +297,30 @@ func (s *Session) Err() error {
 }
 
 // Close stops renewal and releases the lease unless the hold is already
-// known lost. It waits for the renewal goroutine to return. A release that
-// finds the hold already over is not an error. Close is idempotent; later
-// calls return the first call's result. When the release fails (ctx done,
-// backend unreachable) the lease stays held until its TTL runs out; the
-// token is still never reused, so nothing unsafe follows.
+// known lost. It waits for the renewal goroutine to return, or for ctx to
+// end: a renewal that ignores its cancelled context cannot hold Close up,
+// the goroutine then goes away once that renewal returns, and Close returns
+// an error wrapping ctx's cause without releasing. A release that finds the
+// hold already over is not an error. Close is idempotent; later calls
+// return the first call's result. When the release fails (ctx done, backend
+// unreachable) the lease stays held until its TTL runs out; the token is
+// still never reused, so nothing unsafe follows.
 func (s *Session) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
 		s.cancelLoop()
-		<-s.loopDone
+		select {
+		case <-s.loopDone:
+		default:
+			select {
+			case <-s.loopDone:
+			case <-ctx.Done():
+				s.end(ErrClosed)
+				g := s.Grant()
+				s.closeErr = fmt.Errorf("leasecore: close session %q token %d: a renewal is still in flight, lease not released: %w",
+					g.Name, g.Token, context.Cause(ctx))
+				return
+			}
+		}
 		s.mu.Lock()
 		prior, g := s.err, s.grant
 		s.mu.Unlock()
@@ -257,15 +337,20 @@ func (s *Session) Close(ctx context.Context) error {
 	return s.closeErr
 }
 
-// end records why the session ended, once, and closes Done.
+// end records why the session ended, once, closes Done and cancels Context.
 func (s *Session) end(err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.endLocked(err)
+}
+
+func (s *Session) endLocked(err error) {
 	if s.err != nil {
 		return
 	}
 	s.err = err
 	close(s.done)
+	s.cancelCtx(err)
 }
 
 func (s *Session) renewLoop() {
@@ -282,8 +367,9 @@ func (s *Session) renewLoop() {
 		g   Grant
 		err error
 	}
+	wait := s.interval
 	for {
-		tick := s.clock.NewTimer(s.interval)
+		tick := s.clock.NewTimer(wait)
 		select {
 		case <-s.loopCtx.Done():
 			tick.Stop()
@@ -300,43 +386,72 @@ func (s *Session) renewLoop() {
 			s.endDeadline(g)
 			return
 		}
+		// Attempts start every interval, each with its own timeout, so one
+		// stuck request (a half-open connection) costs one attempt, not
+		// every attempt until the deadline.
+		timeout := min(s.renewTimeout, deadline.Sub(start))
 		ctx, cancel := context.WithCancel(s.loopCtx)
+		attemptTimer := s.clock.NewTimer(timeout)
 		replies := make(chan reply, 1)
 		go func() {
 			r, err := s.lease.Renew(ctx, g)
 			replies <- reply{r, err}
 		}()
 		var rep reply
-		select {
-		case rep = <-replies:
-			cancel()
-		case <-expire.C():
-			// A renewal that answers now is useless: the owner must be told
-			// to stop at the deadline, not when the request gives up.
-			s.endDeadline(g)
-			cancel()
-			<-replies
-			return
-		case <-s.loopCtx.Done():
-			cancel()
-			<-replies
-			return // Close is waiting
+		timedOut := false
+	await:
+		for {
+			select {
+			case rep = <-replies:
+				break await
+			case <-attemptTimer.C():
+				timedOut = true
+				cancel() // and wait for the request to give up
+			case <-expire.C():
+				// A renewal that answers now is useless: the owner must be
+				// told to stop at the deadline, not when the request gives up.
+				s.endDeadline(g)
+				cancel()
+				attemptTimer.Stop()
+				<-replies
+				return
+			case <-s.loopCtx.Done():
+				cancel()
+				attemptTimer.Stop()
+				<-replies
+				return // Close is waiting, or gave up waiting
+			}
 		}
-		if rep.err == nil && !s.clock.Now().Before(deadline) {
-			// Answered just as the deadline passed: the session does not
-			// come back to life once Valid may have reported false.
-			s.endDeadline(g)
-			return
+		cancel()
+		attemptTimer.Stop()
+		if s.loopCtx.Err() != nil {
+			return // Close came first; its renewal is not reported
 		}
+
 		ev := RenewEvent{Start: start, Err: rep.err}
+		if rep.err != nil && timedOut {
+			ev.Err = fmt.Errorf("leasecore: session %q token %d: renew attempt timed out after %v: %w: %w",
+				g.Name, g.Token, timeout, ErrUnavailable, rep.err)
+		}
 		if rep.err == nil {
-			g = rep.g
-			g.Start = earliestStart(start, realStart, g)
-			deadline = g.LocalDeadline(s.margin)
-			ev.Grant, ev.Deadline = g, deadline
+			ng := rep.g
+			ng.Start = earliestStart(start, realStart, ng)
+			nd := ng.LocalDeadline(s.margin)
+			// Check and publish under the lock Valid takes: a Valid between
+			// them could otherwise see the deadline passed and then the
+			// session valid again.
 			s.mu.Lock()
-			s.grant, s.deadline = g, deadline
+			if !s.clock.Now().Before(deadline) {
+				// Answered just as the deadline passed: the session does not
+				// come back to life once Valid may have reported false.
+				s.endLocked(deadlineErr(g))
+				s.mu.Unlock()
+				return
+			}
+			s.grant, s.deadline = ng, nd
 			s.mu.Unlock()
+			g, deadline = ng, nd
+			ev.Grant, ev.Deadline = g, deadline
 			expire.Stop()
 			expire = s.clock.NewTimer(deadline.Sub(s.clock.Now()))
 		}
@@ -350,6 +465,7 @@ func (s *Session) renewLoop() {
 		// Any other error (connection lost, timeout) may pass: try again at
 		// the next tick. The deadline timer ends the session if no renewal
 		// succeeds in time.
+		wait = start.Add(s.interval).Sub(s.clock.Now())
 	}
 }
 
@@ -367,6 +483,8 @@ func earliestStart(start, realStart time.Time, g Grant) time.Time {
 	return start
 }
 
-func (s *Session) endDeadline(g Grant) {
-	s.end(fmt.Errorf("leasecore: session %q token %d: %w", g.Name, g.Token, ErrLocalDeadline))
+func (s *Session) endDeadline(g Grant) { s.end(deadlineErr(g)) }
+
+func deadlineErr(g Grant) error {
+	return fmt.Errorf("leasecore: session %q token %d: %w", g.Name, g.Token, ErrLocalDeadline)
 }

@@ -41,6 +41,15 @@ type spyLease struct {
 	// renewHook runs before the real renewal; a non-nil error is returned
 	// instead of renewing.
 	renewHook func(ctx context.Context, g leasecore.Grant) error
+	// releaseHook runs before the real release; a non-nil error is
+	// returned instead of releasing.
+	releaseHook func(ctx context.Context, g leasecore.Grant) error
+	// renewAllHook runs before the real RenewAll, afterRenewAll after it
+	// (before its answer is returned); a non-nil error from renewAllHook is
+	// returned instead of renewing.
+	renewAllHook  func(ctx context.Context, gs []leasecore.Grant) error
+	afterRenewAll func(ctx context.Context)
+	renewAlls     atomic.Int64
 }
 
 func (s *spyLease) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
@@ -67,7 +76,26 @@ func (s *spyLease) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gran
 
 func (s *spyLease) Release(ctx context.Context, g leasecore.Grant) error {
 	s.releases.Add(1)
+	if s.releaseHook != nil {
+		if err := s.releaseHook(ctx, g); err != nil {
+			return err
+		}
+	}
 	return s.Leases.Release(ctx, g)
+}
+
+func (s *spyLease) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
+	s.renewAlls.Add(1)
+	if s.renewAllHook != nil {
+		if err := s.renewAllHook(ctx, gs); err != nil {
+			return nil, nil, err
+		}
+	}
+	renewed, lost, err := s.Leases.RenewAll(ctx, gs)
+	if s.afterRenewAll != nil {
+		s.afterRenewAll(ctx)
+	}
+	return renewed, lost, err
 }
 
 // fixture is one holder's local clock, the lease service with its own
@@ -872,7 +900,9 @@ func TestNewSessionDefaults(t *testing.T) {
 		t.Errorf("renewed after %v", f.local.Since())
 	}
 	f.local.Advance(1)
-	f.local.WaitTimers(t, 2) // renewed and waiting again
+	for wait := time.Now().Add(realWait); f.spy.renews.Load() == 0 && time.Now().Before(wait); {
+		time.Sleep(time.Millisecond) // until the renewal goroutine sends its request
+	}
 	if n := f.spy.renews.Load(); n != 1 {
 		t.Errorf("Renew called %d times at %v, want 1", n, f.local.Since())
 	}
