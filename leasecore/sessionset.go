@@ -16,29 +16,33 @@ import (
 // drops out of the set; the others go on.
 //
 // As with Session, every write for a name must carry Token(name), and
-// Valid(name) only helps to stop early. Close must be called.
+// Valid(name) and Context(name) only help to stop early. A name leaves the
+// set at its local deadline by the set's clock even while a RenewAll hangs,
+// and a renewal that answers after a name's deadline does not bring it
+// back. Close must be called.
 type SessionSet struct {
-	lease    Lease
-	renewer  BatchRenewer
-	holder   string
-	clock    Clock
-	ttl      time.Duration
-	margin   time.Duration
-	interval time.Duration
+	lease   Lease
+	renewer BatchRenewer
+	holder  string
+	cfg     sessionConfig
 
 	mu     sync.Mutex
 	held   map[string]*setEntry
 	lost   chan LostName
 	closed bool
 
+	kick   chan struct{} // a name was added: the deadline timer may need to move
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the renewal goroutine returned
 	once   sync.Once
+	err    error // Close's result
 }
 
 type setEntry struct {
 	grant    Grant
 	deadline time.Time
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
 }
 
 // LostName reports a name that left a SessionSet other than by Release:
@@ -51,7 +55,8 @@ type LostName struct {
 
 // NewSessionSet returns an empty set for holder on lease, which must also
 // implement BatchRenewer. The options are Session's: WithTTL,
-// WithRenewInterval, WithMargin and WithClock apply to every name.
+// WithRenewInterval, WithMargin, WithRenewTimeout and WithClock apply to
+// every name.
 func NewSessionSet(lease Lease, holder string, opts ...SessionOption) (*SessionSet, error) {
 	cfg, err := newSessionConfig("new session set", lease, opts)
 	if err != nil {
@@ -66,15 +71,16 @@ func NewSessionSet(lease Lease, holder string, opts ...SessionOption) (*SessionS
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &SessionSet{lease: lease, renewer: renewer, holder: holder, clock: cfg.clock, ttl: cfg.ttl,
-		margin: cfg.margin, interval: cfg.interval, held: map[string]*setEntry{},
-		lost: make(chan LostName, 64), cancel: cancel, done: make(chan struct{})}
+	s := &SessionSet{lease: lease, renewer: renewer, holder: holder, cfg: cfg, held: map[string]*setEntry{},
+		lost: make(chan LostName, 64), kick: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{})}
 	go s.renewLoop(ctx)
 	return s, nil
 }
 
 // Acquire adds name to the set. It returns an error wrapping ErrHeld when
-// another holder has it (the set is unchanged), or ErrClosed after Close.
+// another holder has it (the set is unchanged), ErrLocalDeadline when the
+// acquire took longer than ttl - margin (the grant is given back), or
+// ErrClosed after Close.
 func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 	s.mu.Lock()
 	if s.closed {
@@ -86,19 +92,32 @@ func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 		return e.grant.Token, nil // already ours
 	}
 	s.mu.Unlock()
-	start, realStart := s.clock.Now(), time.Now() // before the request
-	g, err := s.lease.Acquire(ctx, name, s.holder, s.ttl)
+	start, realStart := s.cfg.clock.Now(), time.Now() // before the request
+	g, err := s.lease.Acquire(ctx, name, s.holder, s.cfg.ttl)
 	if err != nil {
 		return 0, err
 	}
 	g.Start = earliestStart(start, realStart, g)
+	deadline := g.LocalDeadline(s.cfg.margin)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		_ = s.lease.Release(context.WithoutCancel(ctx), g)
+	switch {
+	case s.closed:
+		s.mu.Unlock()
+		s.cfg.releaseBestEffort(ctx, s.lease, g)
 		return 0, fmt.Errorf("leasecore: session set: acquire %q: %w", name, ErrClosed)
+	case !s.cfg.clock.Now().Before(deadline):
+		s.mu.Unlock()
+		s.cfg.releaseBestEffort(ctx, s.lease, g)
+		return 0, fmt.Errorf("leasecore: session set: acquire %q: acquire took longer than ttl - margin (%v): %w",
+			name, s.cfg.ttl-s.cfg.margin, ErrLocalDeadline)
 	}
-	s.held[name] = &setEntry{grant: g, deadline: g.LocalDeadline(s.margin)}
+	ectx, cancel := context.WithCancelCause(context.Background())
+	s.held[name] = &setEntry{grant: g, deadline: deadline, ctx: ectx, cancel: cancel}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default: // a kick is pending already
+	}
 	return g.Token, nil
 }
 
@@ -120,7 +139,21 @@ func (s *SessionSet) Valid(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.held[name]
-	return ok && s.clock.Now().Before(e.deadline)
+	return ok && s.cfg.clock.Now().Before(e.deadline)
+}
+
+// Context returns a context that is cancelled when name leaves the set:
+// lost, past its local deadline (as in LostName.Err), released or closed
+// (ErrClosed); context.Cause says which. ok is false when the set does not
+// hold name. See Session.Context.
+func (s *SessionSet) Context(name string) (ctx context.Context, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.held[name]
+	if !ok {
+		return nil, false
+	}
+	return e.ctx, true
 }
 
 // Names returns the names the set holds.
@@ -149,82 +182,228 @@ func (s *SessionSet) Release(ctx context.Context, name string) error {
 	if !ok {
 		return nil
 	}
+	e.cancel(fmt.Errorf("leasecore: session set %q token %d released: %w", name, e.grant.Token, ErrClosed))
 	if err := s.lease.Release(ctx, e.grant); err != nil && !errors.Is(err, ErrLost) {
 		return err
 	}
 	return nil
 }
 
-// Close stops renewal and releases every name. It is idempotent.
+// Close stops renewal and releases every name. It waits for the renewal
+// goroutine, or for ctx to end: then it returns an error wrapping ctx's
+// cause without releasing, and the goroutine goes away once the RenewAll in
+// flight returns. It is idempotent; later calls return the first call's
+// result.
 func (s *SessionSet) Close(ctx context.Context) error {
-	var err error
 	s.once.Do(func() {
 		s.cancel()
-		<-s.done
+		waited := true
+		select {
+		case <-s.done:
+		default:
+			select {
+			case <-s.done:
+			case <-ctx.Done():
+				waited = false
+			}
+		}
 		s.mu.Lock()
 		s.closed = true
 		held := s.held
 		s.held = map[string]*setEntry{}
 		s.mu.Unlock()
+		for name, e := range held {
+			e.cancel(fmt.Errorf("leasecore: session set %q token %d: %w", name, e.grant.Token, ErrClosed))
+		}
+		if !waited {
+			s.err = fmt.Errorf("leasecore: close session set: a renewal is still in flight, %d names not released: %w",
+				len(held), context.Cause(ctx))
+			return
+		}
 		for _, e := range held {
 			if rerr := s.lease.Release(ctx, e.grant); rerr != nil && !errors.Is(rerr, ErrLost) {
-				err = errors.Join(err, rerr)
+				s.err = errors.Join(s.err, rerr)
 			}
 		}
 	})
-	return err
+	return s.err
 }
 
-func (s *SessionSet) drop(name string, t Token, err error) {
+// dropLocked removes name, cancels its context and reports it on Lost.
+func (s *SessionSet) dropLocked(name string, e *setEntry, err error) {
 	delete(s.held, name)
+	e.cancel(err)
 	select {
-	case s.lost <- LostName{Name: name, Token: t, Err: err}:
+	case s.lost <- LostName{Name: name, Token: e.grant.Token, Err: err}:
 	default:
 	}
 }
 
+// expireLocked drops every name whose local deadline is not after now, and
+// returns the earliest deadline left (zero when none).
+func (s *SessionSet) expireLocked(now time.Time) (next time.Time) {
+	for name, e := range s.held {
+		if !now.Before(e.deadline) {
+			s.dropLocked(name, e, fmt.Errorf("leasecore: session set %q token %d: %w", name, e.grant.Token, ErrLocalDeadline))
+			continue
+		}
+		if next.IsZero() || e.deadline.Before(next) {
+			next = e.deadline
+		}
+	}
+	return next
+}
+
+// deadlineTimer fires at the earliest local deadline of the set, so names
+// end on time while the loop waits for a tick or for a RenewAll.
+type deadlineTimer struct {
+	clock Clock
+	at    time.Time
+	t     Timer
+}
+
+// C returns the timer's channel; nil (never ready) when no name is held.
+func (d *deadlineTimer) C() <-chan time.Time {
+	if d.t == nil {
+		return nil
+	}
+	return d.t.C()
+}
+
+// set moves the timer to at (zero: no timer).
+func (d *deadlineTimer) set(at time.Time) {
+	if d.t != nil && at.Equal(d.at) {
+		return
+	}
+	d.stop()
+	d.at = at
+	if !at.IsZero() {
+		d.t = d.clock.NewTimer(at.Sub(d.clock.Now()))
+	}
+}
+
+func (d *deadlineTimer) stop() {
+	if d.t != nil {
+		d.t.Stop()
+		d.t = nil
+	}
+}
+
+// expire drops the names whose deadline passed and moves the timer to the
+// next one.
+func (s *SessionSet) expire(dl *deadlineTimer) {
+	s.mu.Lock()
+	next := s.expireLocked(s.cfg.clock.Now())
+	s.mu.Unlock()
+	dl.t = nil // fired, or to be replaced
+	dl.set(next)
+}
+
 func (s *SessionSet) renewLoop(ctx context.Context) {
 	defer close(s.done)
+	dl := &deadlineTimer{clock: s.cfg.clock}
+	defer dl.stop()
+	type reply struct {
+		renewed []Grant
+		lost    []error
+		err     error
+	}
+	wait := s.cfg.interval
 	for {
-		tick := s.clock.NewTimer(s.interval)
-		select {
-		case <-ctx.Done():
-			tick.Stop()
-			return
-		case <-tick.C():
-		}
-		start, realStart := s.clock.Now(), time.Now() // before the request
-		s.mu.Lock()
-		var gs []Grant
-		for name, e := range s.held {
-			if !start.Before(e.deadline) {
-				s.drop(name, e.grant.Token, fmt.Errorf("leasecore: session set %q token %d: %w", name, e.grant.Token, ErrLocalDeadline))
-				continue
+		tick := s.cfg.clock.NewTimer(wait)
+	idle:
+		for {
+			select {
+			case <-ctx.Done():
+				tick.Stop()
+				return
+			case <-dl.C():
+				s.expire(dl)
+			case <-s.kick:
+				s.mu.Lock()
+				next := s.expireLocked(s.cfg.clock.Now())
+				s.mu.Unlock()
+				dl.set(next)
+			case <-tick.C():
+				break idle
 			}
+		}
+
+		start, realStart := s.cfg.clock.Now(), time.Now() // before the request
+		s.mu.Lock()
+		next := s.expireLocked(start)
+		var gs []Grant
+		for _, e := range s.held {
 			gs = append(gs, e.grant)
 		}
 		s.mu.Unlock()
+		dl.set(next)
+		wait = s.cfg.interval
 		if len(gs) == 0 {
 			continue
 		}
-		renewed, lost, err := s.renewer.RenewAll(ctx, gs)
-		if err != nil {
+
+		// One attempt with its own timeout, as Session's; the deadline timer
+		// keeps running meanwhile.
+		timeout := min(s.cfg.renewTimeout, next.Sub(start))
+		actx, cancel := context.WithCancel(ctx)
+		attemptTimer := s.cfg.clock.NewTimer(timeout)
+		replies := make(chan reply, 1)
+		go func() {
+			r, l, err := s.renewer.RenewAll(actx, gs)
+			replies <- reply{r, l, err}
+		}()
+		var rep reply
+	await:
+		for {
+			select {
+			case rep = <-replies:
+				break await
+			case <-attemptTimer.C():
+				cancel() // and wait for the request to give up
+			case <-dl.C():
+				s.expire(dl)
+			case <-s.kick:
+				s.mu.Lock()
+				n := s.expireLocked(s.cfg.clock.Now())
+				s.mu.Unlock()
+				dl.set(n)
+			case <-ctx.Done():
+				cancel()
+				attemptTimer.Stop()
+				<-replies
+				return
+			}
+		}
+		cancel()
+		attemptTimer.Stop()
+		wait = start.Add(s.cfg.interval).Sub(s.cfg.clock.Now())
+		if rep.err != nil {
 			continue // may pass; each name's deadline ends it otherwise
 		}
+		// Apply under the lock Valid takes, with the clock read there: a
+		// name whose deadline passed while the request ran stays gone.
 		s.mu.Lock()
+		now := s.cfg.clock.Now()
 		for i, g := range gs {
 			e, ok := s.held[g.Name]
 			if !ok || e.grant.Token != g.Token {
-				continue // released meanwhile
+				continue // released or expired meanwhile
 			}
-			if lost[i] != nil {
-				s.drop(g.Name, g.Token, lost[i])
+			if rep.lost[i] != nil {
+				s.dropLocked(g.Name, e, rep.lost[i])
 				continue
 			}
-			r := renewed[i]
+			if !now.Before(e.deadline) {
+				s.dropLocked(g.Name, e, fmt.Errorf("leasecore: session set %q token %d: %w", g.Name, g.Token, ErrLocalDeadline))
+				continue
+			}
+			r := rep.renewed[i]
 			r.Start = earliestStart(start, realStart, r)
-			e.grant, e.deadline = r, r.LocalDeadline(s.margin)
+			e.grant, e.deadline = r, r.LocalDeadline(s.cfg.margin)
 		}
+		next = s.expireLocked(now)
 		s.mu.Unlock()
+		dl.set(next)
 	}
 }

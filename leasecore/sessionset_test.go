@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,5 +71,153 @@ func TestSessionSetNeedsABatchRenewer(t *testing.T) {
 	var ae *leasecore.ArgError
 	if !errors.As(err, &ae) || ae.Field != "lease" {
 		t.Fatalf("err = %v, want an ArgError on lease", err)
+	}
+}
+
+// newFakeSet returns a set for holder-a on the fixture's spy, on its local
+// clock with the teaching parameters, closed when the test ends. It waits
+// until the renewal goroutine has armed its first tick.
+func (f *fixture) newFakeSet(t *testing.T, extra ...leasecore.SessionOption) *leasecore.SessionSet {
+	t.Helper()
+	opts := append([]leasecore.SessionOption{leasecore.WithClock(f.local), leasecore.WithTTL(testTTL),
+		leasecore.WithMargin(testMargin), leasecore.WithRenewInterval(testInterval)}, extra...)
+	set, err := leasecore.NewSessionSet(f.spy, "holder-a", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = set.Close(context.Background()) })
+	f.local.WaitTimers(t, 1)
+	return set
+}
+
+func waitLost(t *testing.T, set *leasecore.SessionSet, name string) leasecore.LostName {
+	t.Helper()
+	select {
+	case l := <-set.Lost():
+		if l.Name != name {
+			t.Fatalf("lost %+v, want %s", l, name)
+		}
+		return l
+	case <-time.After(realWait):
+		t.Fatalf("%s was not reported lost within %v (real time); Valid = %v", name, realWait, set.Valid(name))
+		return leasecore.LostName{}
+	}
+}
+
+// With a RenewAll that hangs (ignoring its context), each name still ends
+// at its local deadline by the set's clock: reported on Lost, no longer
+// Valid.
+func TestSessionSetDeadlineWhileRenewAllHangs(t *testing.T) {
+	f := newFixture(true)
+	entered := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	f.spy.renewAllHook = func(context.Context, []leasecore.Grant) error {
+		entered <- struct{}{}
+		<-unblock
+		return nil
+	}
+	set := f.newFakeSet(t)
+	t.Cleanup(func() { close(unblock) }) // runs before the set's Close
+	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
+		t.Fatal(err)
+	}
+	f.local.Advance(testInterval)
+	select {
+	case <-entered:
+	case <-time.After(realWait):
+		t.Fatal("RenewAll did not start")
+	}
+	f.local.Advance(testWindow - testInterval - time.Nanosecond)
+	if !set.Valid("shard-0") {
+		t.Error("Valid = false 1 ns before the deadline")
+	}
+	f.local.Advance(time.Nanosecond)
+	l := waitLost(t, set, "shard-0")
+	if !errors.Is(l.Err, leasecore.ErrLocalDeadline) || l.Token != 1 {
+		t.Errorf("lost %+v, want token 1 with ErrLocalDeadline", l)
+	}
+	if set.Valid("shard-0") {
+		t.Error("Valid = true after the deadline")
+	}
+}
+
+// A RenewAll that succeeds but answers only at a name's local deadline does
+// not bring the name back: Valid has been false, so it stays false, and the
+// name is reported lost.
+func TestSessionSetLateRenewalDoesNotRevive(t *testing.T) {
+	f := newFixture(true) // the server's clock stays put: the renewal succeeds
+	var sawInvalid atomic.Bool
+	var set *leasecore.SessionSet
+	f.spy.afterRenewAll = func(context.Context) {
+		f.local.Advance(testWindow - testInterval) // the answer arrives at the deadline
+		sawInvalid.Store(!set.Valid("shard-0"))
+	}
+	set = f.newFakeSet(t)
+	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
+		t.Fatal(err)
+	}
+	f.local.Advance(testInterval)
+	l := waitLost(t, set, "shard-0")
+	if !errors.Is(l.Err, leasecore.ErrLocalDeadline) {
+		t.Errorf("lost %+v, want ErrLocalDeadline", l)
+	}
+	if !sawInvalid.Load() {
+		t.Error("Valid was true at the deadline")
+	}
+	if set.Valid("shard-0") {
+		t.Error("Valid = true again after a renewal that answered at the deadline")
+	}
+}
+
+// An acquire that took longer than ttl - margin gives an unusable grant:
+// SessionSet.Acquire gives it back and reports ErrLocalDeadline, as
+// NewSession does.
+func TestSessionSetAcquireSlowerThanLocalWindow(t *testing.T) {
+	f := newFixture(false)
+	set := f.newFakeSet(t)
+	f.spy.afterAcquire = func(context.Context) { f.local.Advance(testWindow) }
+	tok, err := set.Acquire(context.Background(), "shard-0")
+	if !errors.Is(err, leasecore.ErrLocalDeadline) {
+		t.Fatalf("Acquire = %d, %v; want ErrLocalDeadline", tok, err)
+	}
+	if set.Valid("shard-0") || len(set.Names()) != 0 {
+		t.Errorf("the set holds %v after a too slow acquire", set.Names())
+	}
+	if n := f.spy.releases.Load(); n != 1 {
+		t.Errorf("Release called %d times, want 1", n)
+	}
+	if st, _ := f.leases.Inspect(context.Background(), "shard-0"); st.Held {
+		t.Errorf("server state %+v, want released", st)
+	}
+}
+
+// Close(ctx) returns when ctx ends, even while a RenewAll hangs.
+func TestSessionSetCloseHonoursContextDuringRenewAll(t *testing.T) {
+	f := newFixture(false)
+	entered := make(chan struct{}, 1)
+	unblock := make(chan struct{})
+	f.spy.renewAllHook = func(context.Context, []leasecore.Grant) error {
+		entered <- struct{}{}
+		<-unblock
+		return nil
+	}
+	set := f.newFakeSet(t)
+	t.Cleanup(func() { close(unblock) })
+	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
+		t.Fatal(err)
+	}
+	f.local.Advance(testInterval)
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	closed := make(chan error, 1)
+	go func() { closed <- set.Close(ctx) }()
+	select {
+	case err := <-closed:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Close = %v, want it to wrap context.Canceled", err)
+		}
+	case <-time.After(realWait):
+		t.Error("Close ignored its cancelled context while RenewAll hung")
 	}
 }
