@@ -24,8 +24,9 @@ const MinTTL = time.Millisecond
 type Leases struct {
 	now func() time.Time
 
-	mu   sync.Mutex
-	rows map[string]*leaseRow
+	mu    sync.Mutex
+	rows  map[string]*leaseRow
+	freed map[string]chan struct{} // closed on release, for WaitFree
 }
 
 type leaseRow struct {
@@ -41,13 +42,14 @@ func NewLeases(now func() time.Time) *Leases {
 	if now == nil {
 		now = time.Now
 	}
-	return &Leases{now: now, rows: map[string]*leaseRow{}}
+	return &Leases{now: now, rows: map[string]*leaseRow{}, freed: map[string]chan struct{}{}}
 }
 
 var (
 	_ leasecore.Lease          = (*Leases)(nil)
 	_ leasecore.LeaseInspector = (*Leases)(nil)
 	_ leasecore.BatchRenewer   = (*Leases)(nil)
+	_ leasecore.Waiter         = (*Leases)(nil)
 )
 
 // Acquire implements leasecore.Lease.
@@ -123,7 +125,49 @@ func (l *Leases) Release(ctx context.Context, g leasecore.Grant) error {
 		return err
 	}
 	row.expires, row.released = time.Time{}, true
+	if ch, ok := l.freed[g.Name]; ok {
+		close(ch)
+		delete(l.freed, g.Name)
+	}
 	return nil
+}
+
+// WaitFree implements leasecore.Waiter: it returns at once when name is
+// free, else on its release, or when the holding period's remaining time
+// has passed. That time is measured in real time, so with a clock of the
+// test's own it only makes an early or a late wake-up, both allowed; a
+// Campaign's own bound covers the late one.
+func (l *Leases) WaitFree(ctx context.Context, name string) error {
+	if err := leasecore.CheckName("wait free", "name", name); err != nil {
+		return err
+	}
+	if err := leasecore.CheckContext("wait free", ctx); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	row := l.rows[name]
+	now := l.now()
+	if row == nil || !now.Before(row.expires) {
+		l.mu.Unlock()
+		return nil
+	}
+	remaining := row.expires.Sub(now)
+	ch, ok := l.freed[name]
+	if !ok {
+		ch = make(chan struct{})
+		l.freed[name] = ch
+	}
+	l.mu.Unlock()
+	t := time.NewTimer(remaining)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("memfence: wait free %q: %w", name, context.Cause(ctx))
+	}
 }
 
 // current returns the row of g's holding period if it is unexpired, or a
