@@ -132,6 +132,27 @@ func (c *fakeClock) WaitTimers(t *testing.T, n int) {
 	}
 }
 
+// WaitPause waits until exactly one timer is active and it is due within
+// d: a campaign pausing between attempts, not one bounding a request.
+func (c *fakeClock) WaitPause(t *testing.T, d time.Duration) {
+	t.Helper()
+	timeout := time.NewTimer(10 * time.Second)
+	defer timeout.Stop()
+	for {
+		c.mu.Lock()
+		ok, changed := len(c.timers) == 1 && !c.timers[0].at.After(c.now.Add(d)), c.changed
+		c.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			t.Fatalf("waited 10s (real time) for one timer due within %v", d)
+		}
+	}
+}
+
 func TestFakeClock(t *testing.T) {
 	c := newFakeClock()
 	a := c.NewTimer(time.Second)

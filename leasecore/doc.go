@@ -40,6 +40,12 @@
 //		// A newer holder wrote first: our result is stale, drop it.
 //	}
 //
+// A replica that should lead continuously calls Campaign instead: it waits
+// for the lease (through the Lease's Waiter when it has one, else by
+// polling), runs the caller's function with the token and a context that
+// ends when the lease can no longer be trusted (Session.Context), and
+// campaigns again after a loss.
+//
 // Errors wrap the sentinels below and are matched with errors.Is; callers
 // may wrap them further.
 package leasecore

@@ -114,3 +114,47 @@ func ExampleCheckWrite() {
 	// leasecore: write: invalid token 0: must be positive (0 is never issued)
 	// leasecore: acquire: invalid holder " holder-axxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"...: must not begin or end with whitespace
 }
+
+// A leader job run by two instances: each campaigns for the same lease and
+// leads while elected, every write carrying its token; the lead function's
+// context ends when the lease can no longer be trusted (loss or local
+// deadline, context.Cause says which), and Campaign then campaigns again.
+// host-2 waits while host-1 leads and takes over when host-1 steps down.
+func ExampleCampaign() {
+	leases := memfence.NewLeases(nil) // in production: a fence-pg or fence-etcd lease store
+	ctx, shutdown := context.WithCancel(context.Background())
+	defer shutdown()
+	leading := make(chan string)
+
+	// The leader job: lead until ctx ends, or return when done (stepDown).
+	job := func(host string, stepDown <-chan struct{}) error {
+		return leasecore.Campaign(ctx, leases, "nightly-invoices", host,
+			func(ctx context.Context, token leasecore.Token) error {
+				leading <- fmt.Sprintf("%s leads with token %d", host, token) // write with token here
+				select {
+				case <-ctx.Done(): // lost, past the local deadline, or shut down
+					return context.Cause(ctx)
+				case <-stepDown:
+					return nil // done: the lease is released, Campaign returns nil
+				}
+			},
+			leasecore.WithSessionOptions(leasecore.WithTTL(15*time.Second)))
+	}
+
+	host1StepDown := make(chan struct{})
+	host1, host2 := make(chan error, 1), make(chan error, 1)
+	go func() { host1 <- job("host-1", host1StepDown) }()
+	fmt.Println(<-leading)
+	go func() { host2 <- job("host-2", nil) }() // waits while host-1 holds the lease
+	close(host1StepDown)
+	fmt.Println("host-1 campaign:", <-host1)
+	fmt.Println(<-leading)
+	shutdown()
+	fmt.Println("host-2 campaign:", <-host2)
+
+	// Output:
+	// host-1 leads with token 1
+	// host-1 campaign: <nil>
+	// host-2 leads with token 2
+	// host-2 campaign: context canceled
+}
