@@ -717,8 +717,8 @@ func TestSessionCloseWaitsForInflightRenew(t *testing.T) {
 		returned.Store(true)
 		return ctx.Err()
 	}
-	// A long TTL so the renewal's own timeout (counted in real time) cannot
-	// be what cancels it.
+	// A long TTL and interval so the attempt's own timeout (the interval,
+	// on the fake clock) cannot be what cancels it.
 	s, err := leasecore.NewSession(context.Background(), f.spy, "report-job", "holder-a",
 		f.options(leasecore.WithTTL(time.Hour), leasecore.WithMargin(10*time.Minute),
 			leasecore.WithRenewInterval(time.Minute))...)
