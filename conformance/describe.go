@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -26,12 +25,12 @@ func describeLease(st leasecore.LeaseState) string {
 	if !st.Exists {
 		return fmt.Sprintf("exists=false held=%t", st.Held)
 	}
-	return fmt.Sprintf("holder=%s token=%d held=%t released=%t", shortQuote(st.Holder), st.Token, st.Held, st.Released)
+	return fmt.Sprintf("holder=%s token=%d held=%t released=%t", leasecore.Quote(st.Holder), st.Token, st.Held, st.Released)
 }
 
 func describeAttempt(a leasecore.Attempt) string {
-	return fmt.Sprintf("%s/%s by %s token=%d accepted=%t floor=%d", shortQuote(a.Scope), shortQuote(a.Part),
-		shortQuote(a.Writer), a.Token, a.Accepted, a.Floor)
+	return fmt.Sprintf("%s/%s by %s token=%d accepted=%t floor=%d", leasecore.Quote(a.Scope), leasecore.Quote(a.Part),
+		leasecore.Quote(a.Writer), a.Token, a.Accepted, a.Floor)
 }
 
 func describeAttempts(as []leasecore.Attempt) string {
@@ -96,23 +95,4 @@ func quoteMessage(err error) string {
 		msg = strings.ToValidUTF8(msg[:300], "") + "..."
 	}
 	return strconv.Quote(msg)
-}
-
-// shortQuote quotes s on one line, shortened to 40 runes: the rendering
-// leasecore's ArgError gives a bad value (leasecore's quote, unexported
-// there), so a value reads the same in a check line and in the error it
-// is compared with.
-func shortQuote(s string) string {
-	const max = 40
-	if utf8.RuneCountInString(s) <= max {
-		return strconv.Quote(s)
-	}
-	n := 0
-	for i := range s {
-		if n == max {
-			return strconv.Quote(s[:i]) + "..."
-		}
-		n++
-	}
-	return strconv.Quote(s)
 }

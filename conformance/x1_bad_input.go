@@ -277,7 +277,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 			case err != nil:
 				return fmt.Errorf("acquire: %s", describeErr(err))
 			case g.Name != v || g.Holder != v:
-				return fmt.Errorf("acquire returned name %s holder %s", shortQuote(g.Name), shortQuote(g.Holder))
+				return fmt.Errorf("acquire returned name %s holder %s", leasecore.Quote(g.Name), leasecore.Quote(g.Holder))
 			case c.traits.TokenStep == 1 && g.Token != 1:
 				return fmt.Errorf("acquire of a fresh name returned token %d, want 1", g.Token)
 			}
@@ -287,14 +287,14 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 				return fmt.Errorf("inspect: %s", describeErr(err))
 			case !st.Exists || !st.Held || st.Holder != v || st.Token != g.Token:
 				return fmt.Errorf("inspect: exists=%t held=%t holder=%s token=%d, want the acquired hold (token %d)",
-					st.Exists, st.Held, shortQuote(st.Holder), st.Token, g.Token)
+					st.Exists, st.Held, leasecore.Quote(st.Holder), st.Token, g.Token)
 			}
 			rg, err := lease.Renew(ctx, g)
 			switch {
 			case err != nil:
 				return fmt.Errorf("renew: %s", describeErr(err))
 			case rg.Name != v || rg.Holder != v || rg.Token != g.Token:
-				return fmt.Errorf("renew returned name %s holder %s token %d", shortQuote(rg.Name), shortQuote(rg.Holder), rg.Token)
+				return fmt.Errorf("renew returned name %s holder %s token %d", leasecore.Quote(rg.Name), leasecore.Quote(rg.Holder), rg.Token)
 			}
 			if err := lease.Release(ctx, rg); err != nil {
 				return fmt.Errorf("release: %s", describeErr(err))
@@ -312,7 +312,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 				return fmt.Errorf("read part: %s", describeErr(err))
 			case !ok || p.Scope != v || p.Part != v || p.Content != v || p.Writer != v || p.Token != g.Token:
 				return fmt.Errorf("read part: found=%t scope=%s part=%s content=%s writer=%s token=%d", ok,
-					shortQuote(p.Scope), shortQuote(p.Part), shortQuote(p.Content), shortQuote(p.Writer), p.Token)
+					leasecore.Quote(p.Scope), leasecore.Quote(p.Part), leasecore.Quote(p.Content), leasecore.Quote(p.Writer), p.Token)
 			}
 			f, err := res.Floor(ctx, v)
 			switch {
@@ -334,7 +334,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 		if problem != nil {
 			actual = problem.Error()
 		}
-		if c.Check("input", "odd but valid name "+shortQuote(v)+" is accepted by acquire, inspect, renew, release and write, and read back verbatim",
+		if c.Check("input", "odd but valid name "+leasecore.Quote(v)+" is accepted by acquire, inspect, renew, release and write, and read back verbatim",
 			problem == nil, "accepted everywhere, read back equal", actual) {
 			passed++
 		}

@@ -39,7 +39,7 @@ func (c *caseRun) x1Read(w x1Watch) x1State {
 		if !ok {
 			return "(none)"
 		}
-		return fmt.Sprintf("%s by %s token=%d at %s", shortQuote(p.Content), shortQuote(p.Writer),
+		return fmt.Sprintf("%s by %s token=%d at %s", leasecore.Quote(p.Content), leasecore.Quote(p.Writer),
 			p.Token, p.WrittenAt.UTC().Format(time.RFC3339Nano))
 	}
 	for _, part := range w.parts {

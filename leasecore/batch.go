@@ -61,7 +61,7 @@ func CheckBatch(ctx context.Context, b Batch) error {
 			return err
 		}
 		if j, dup := seen[p.Part]; dup {
-			return &ArgError{Op: op, Field: fmt.Sprintf("parts[%d].part", i), Value: quote(p.Part),
+			return &ArgError{Op: op, Field: fmt.Sprintf("parts[%d].part", i), Value: Quote(p.Part),
 				Reason: fmt.Sprintf("repeats parts[%d]", j)}
 		}
 		seen[p.Part] = i
@@ -111,11 +111,11 @@ func CheckRenewAll(ctx context.Context, gs []Grant, minTTL time.Duration) error 
 			return err
 		}
 		if g.Holder != gs[0].Holder {
-			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].holder", i), Value: quote(g.Holder),
-				Reason: fmt.Sprintf("differs from grants[0].holder %s: one call renews one holder's leases", quote(gs[0].Holder))}
+			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].holder", i), Value: Quote(g.Holder),
+				Reason: fmt.Sprintf("differs from grants[0].holder %s: one call renews one holder's leases", Quote(gs[0].Holder))}
 		}
 		if j, dup := seen[g.Name]; dup {
-			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].name", i), Value: quote(g.Name),
+			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].name", i), Value: Quote(g.Name),
 				Reason: fmt.Sprintf("repeats grants[%d]", j)}
 		}
 		seen[g.Name] = i

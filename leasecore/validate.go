@@ -42,7 +42,7 @@ func CheckContext(op string, ctx context.Context) error {
 // Anything else, SQL-looking text included, is stored verbatim.
 func CheckName(op, field, v string) error {
 	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: field, Value: quote(v), Reason: reason}
+		return &ArgError{Op: op, Field: field, Value: Quote(v), Reason: reason}
 	}
 	switch {
 	case v == "":
@@ -157,7 +157,7 @@ func CheckContent(op, content string) error { return checkContent(op, "content",
 
 func checkContent(op, field, content string) error {
 	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: field, Value: quote(content), Reason: reason}
+		return &ArgError{Op: op, Field: field, Value: Quote(content), Reason: reason}
 	}
 	switch {
 	case len(content) > MaxContentLen:
@@ -170,10 +170,12 @@ func checkContent(op, field, content string) error {
 	return nil
 }
 
-// quote returns v quoted for an error message, shortened to 40 runes. It
+// Quote returns v quoted for an error message, shortened to 40 runes, as
+// ArgError and HoldError show values; a backend's own messages and checks
+// (the conformance suite's) use it to show values the same way. It
 // looks at no more than the first 41 runes: v may be an over-long input
 // that is being rejected for its size.
-func quote(v string) string {
+func Quote(v string) string {
 	const max = 40
 	n := 0
 	for i := range v {
