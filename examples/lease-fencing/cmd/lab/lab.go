@@ -86,11 +86,14 @@ func etcdHarness(shared bool) func(s servers) conformance.NewHarness {
 
 var allConfigs = []config{
 	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", "postgres", true, false, true, pgHarness(pgconformance.DriverPgx)},
-	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", "postgres", true, false, false, pgHarness(pgconformance.DriverLibpq)},
+	// lib/pq on a cluster of its own (a free port), side by side with pgx.
+	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", "postgres-libpq", true, false, false, pgHarness(pgconformance.DriverLibpq)},
 	{"etcd", "output-etcd.txt", "etcd, lease and resource (tokens are revisions)", "etcd", false, true, false, etcdHarness(false)},
 	// The shared-lease mode (fenceetcd.WithSharedLeases: one etcd lease per
-	// holder and TTL) runs on the same server after "etcd", in its lane.
-	{"etcd-shared", "output-etcd-shared.txt", "etcd, lease and resource, shared leases (fenceetcd.WithSharedLeases)", "etcd", false, true, false, etcdHarness(true)},
+	// holder and TTL) has a lane and an etcd server of its own. Most of a
+	// configuration's time is its paused-holder timelines, which wait, so
+	// lanes side by side keep the lab's wall time near one configuration's.
+	{"etcd-shared", "output-etcd-shared.txt", "etcd, lease and resource, shared leases (fenceetcd.WithSharedLeases)", "etcd-shared", false, true, false, etcdHarness(true)},
 	{"etcd-lease-pg-resource", "output-etcd-lease-pg-resource.txt", "etcd lease, PostgreSQL resource (pgx/v5)", "pair", true, true, false, func(s servers) conformance.NewHarness {
 		return mixed.New(mixed.Config{
 			EtcdEndpoints: s.etcd.Endpoints(),
@@ -151,8 +154,8 @@ func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 					cfgs = append(cfgs, i)
 				}
 			}
-			// The PostgreSQL lane gets the lab's fixed port; the pair's
-			// cluster takes a free one.
+			// The PostgreSQL lane gets the lab's fixed port; the other
+			// lanes' clusters take free ones.
 			port := 0
 			if lane == "postgres" {
 				port = l.port
