@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,18 +18,32 @@ import (
 
 // LeaseStore is a lease service on the lease database: one row per lease
 // name in table lease, and a token that grows by exactly 1 on every acquire
-// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector.
-// It is safe for concurrent use.
+// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector,
+// leasecore.BatchRenewer and leasecore.Waiter: Release notifies the lease's
+// name with pg_notify in the same statement, and WaitFree LISTENs on a
+// connection of its own, so a waiting leasecore.Campaign is woken when the
+// release commits and otherwise when the holding period's remaining time by
+// the database clock has passed (see WaitFree: with lib/pq, or behind a
+// transaction pooler, waiting falls back to polling or to that remaining
+// time). It is safe for concurrent use.
 type LeaseStore struct {
 	db     dbx.DB
 	schema string
 	stmt   struct{ acquire, renew, release, renewAll, inspect string }
+
+	// For WaitFree, which needs a connection of its own: exactly one is set.
+	pool  *pgxpool.Pool
+	sqlDB *sql.DB
+	// noListen is set once WaitFree found a database/sql driver that cannot
+	// wait for notifications (lib/pq): it fails at once from then on.
+	noListen atomic.Bool
 }
 
 var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
 	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
+	_ leasecore.Waiter         = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
@@ -39,7 +54,12 @@ func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
 	if pool == nil {
 		return nil, &leasecore.ArgError{Op: "new lease store", Field: "pool", Reason: "must not be nil"}
 	}
-	return newLeaseStore(dbx.FromPool(pool), opts)
+	s, err := newLeaseStore(dbx.FromPool(pool), opts)
+	if err != nil {
+		return nil, err
+	}
+	s.pool = pool
+	return s, nil
 }
 
 // NewLeaseStoreDB is NewLeaseStore for a database/sql pool (lib/pq, or pgx's
@@ -48,7 +68,12 @@ func NewLeaseStoreDB(db *sql.DB, opts ...Option) (*LeaseStore, error) {
 	if db == nil {
 		return nil, &leasecore.ArgError{Op: "new lease store", Field: "db", Reason: "must not be nil"}
 	}
-	return newLeaseStore(dbx.FromSQL(db), opts)
+	s, err := newLeaseStore(dbx.FromSQL(db), opts)
+	if err != nil {
+		return nil, err
+	}
+	s.sqlDB = db
+	return s, nil
 }
 
 func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {

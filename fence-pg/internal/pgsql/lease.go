@@ -51,11 +51,37 @@ const Renew = `WITH u AS (
 // Release ends the holding period ($1 name, $2 holder, $3 token) by setting
 // its expiry to -infinity, only while it is unexpired; the token stays, so
 // the next acquire issues token + 1. See diagnosis for the row it returns.
+//
+// When it does end the holding period it also notifies LeaseFreeChannel
+// (see there), from the UPDATE's RETURNING, so the notification is sent
+// only for a lease actually released and, being part of the statement's
+// transaction, delivered to listeners when the release commits and never
+// when it does not.
 const Release = `WITH u AS (
   UPDATE leasefence.lease SET expires_at = '-infinity'
   ` + heldBy + `
-  RETURNING 1
+  RETURNING pg_notify('` + LeaseFreeChannel + `', 'leasefence.' || $1)
 )` + diagnosis
+
+// LeaseFreeChannel is the notification channel Release notifies and
+// LeaseStore.WaitFree listens on. There is one channel for every store of a
+// database, and the payload names the lease: "<schema>.<name>" (InSchema
+// moves the 'leasefence.' prefix with the tables). A channel per name would
+// need names that fit an identifier (63 bytes, PostgreSQL's NAMEDATALEN - 1)
+// and would fail the release for longer ones; a payload takes up to 8000
+// bytes, far above leasecore.MaxNameLen. The channel name has no schema in
+// it for the same reason: a 63-byte schema would not leave room.
+const LeaseFreeChannel = "leasefence_lease_free"
+
+// Listen and Unlisten start and stop this session's subscription to
+// LeaseFreeChannel. LISTEN takes effect when its transaction commits
+// (autocommit here) and a NOTIFY is delivered when its transaction commits,
+// to the sessions listening then; so a read that starts after Listen
+// returned either sees a release or is notified of it.
+const (
+	Listen   = `LISTEN ` + LeaseFreeChannel
+	Unlisten = `UNLISTEN ` + LeaseFreeChannel
+)
 
 // RenewAll renews many holding periods of holder $1 in one statement: $2
 // is a JSON array of {"name", "token", "ttl_us"}. Each lease is judged on
