@@ -32,10 +32,10 @@ const (
 	unlistenTimeout = 2 * time.Second
 )
 
-// WaitFree implements leasecore.Waiter with LISTEN/NOTIFY: Release
-// notifies a channel (pgsql.LeaseFreeChannel, the lease's name in the
-// payload) in the same statement, so the notification is delivered when
-// the release commits.
+// WaitFree implements leasecore.Waiter with LISTEN/NOTIFY: Release notifies
+// channel leasefence_lease_free, with "<schema>.<name>" as the payload, in
+// the same statement, so the notification is delivered when the release
+// commits (and never for a release that does not).
 //
 // WaitFree takes a connection of the pool for the whole wait and, on it,
 // LISTENs, then reads the lease row with a plain SELECT (no lock: a holder's
@@ -53,8 +53,11 @@ const (
 // wrapping errors.ErrUnsupported at once (after the first call without a
 // round trip), and leasecore.Campaign polls. Behind a transaction pooler (PgBouncer in
 // transaction mode) a LISTEN does not stay with the session, so no release
-// is notified: WaitFree then returns when the holding period's remaining
-// time has passed, and a release is noticed only then.
+// is notified: WaitFree then returns only when the holding period's
+// remaining time has passed, later than a poll would notice a release. There
+// hide WaitFree from Campaign, which then polls:
+//
+//	leasecore.Campaign(ctx, struct{ leasecore.Lease }{leases}, name, holder, lead)
 //
 // Errors: a *leasecore.ArgError for an invalid name; ctx's error when ctx
 // ends; leasecore.ErrUnavailable for connection trouble, as the other
