@@ -18,8 +18,11 @@ import (
 
 // LeaseStore is a lease service on etcd: one key per lease name, attached
 // to an etcd lease, whose create revision is the fencing token
-// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector
-// and leasecore.BatchRenewer. It is safe for concurrent use.
+// (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector,
+// leasecore.BatchRenewer and leasecore.Waiter: WaitFree watches the lease's
+// key and returns on its delete, which a release and the lessor's revoke
+// at expiry both are, so a waiting leasecore.Campaign takes over as soon as
+// the key is gone. It is safe for concurrent use.
 //
 // # Shared leases
 //
@@ -47,10 +50,11 @@ import (
 // time read before the Grant or the last successful keep-alive of that etcd
 // lease — not the time of the Acquire request; see Acquire.
 type LeaseStore struct {
-	kv     clientv3.KV
-	leases clientv3.Lease
-	layout etcdkv.Layout
-	shared bool // WithSharedLeases
+	kv      clientv3.KV
+	leases  clientv3.Lease
+	watcher clientv3.Watcher // WaitFree
+	layout  etcdkv.Layout
+	shared  bool // WithSharedLeases
 
 	mu     sync.Mutex
 	closed bool                       // Close was called
@@ -64,6 +68,7 @@ var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
 	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
+	_ leasecore.Waiter         = (*LeaseStore)(nil)
 )
 
 // cleanupTimeout bounds the best-effort revoke of an etcd lease that holds
@@ -85,7 +90,7 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, layout: l, shared: o.SharedLeases}
+	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
 	if s.shared {
 		s.pool = make(map[sharedKey]*sharedLease)
 	}
