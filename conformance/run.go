@@ -38,6 +38,7 @@ var cases = []testCase{
 	{"F6u", "F6u_user_data_commit_race", "conditional fence race, fencing the suite's own tables/keys: the check and the rows in one transaction, paused before the commit", caseF6u},
 	{"F7u", "F7u_user_data_granularity", "fence granularity, fencing the suite's own tables/keys: a stale holder's rows for a part the new holder never wrote are rejected", caseF7u},
 	{"F10u", "F10u_user_data_advance", "advance, fencing the suite's own tables/keys: the new holder raises the floor without writing; the old holder's rows are rejected", caseF10u},
+	{"F11", "F11_campaign_handoff", "leader election with leasecore.Campaign: four campaigners, the leader steps down, exactly one waiter takes over with a larger token; the hand-off time is measured", caseF11},
 	{"X1", "X1_bad_input", "bad input: every entry point names the bad field, wraps the sentinel and changes nothing", caseX1},
 }
 

@@ -472,3 +472,35 @@ func TestBadInputCalls(t *testing.T) {
 		}
 	}
 }
+
+// splitBrain gives every lease client a lease service of its own: each
+// campaigner believes it holds the lease alone.
+type splitBrain struct{ *memHarness }
+
+func (h splitBrain) OpenLease(ctx context.Context) (leasecore.Lease, error) {
+	return memfence.NewLeases(nil), nil
+}
+
+// TestF11FailsSplitBrainAndReusedTokens: F11 fails a lease service that
+// lets two campaigners lead at once, and one that reuses tokens.
+func TestF11FailsSplitBrainAndReusedTokens(t *testing.T) {
+	_, out := report(t, func(ctx context.Context) (conformance.Harness, error) {
+		h, _ := newMemHarness(ctx)
+		return splitBrain{h.(*memHarness)}, nil
+	}, "F11")
+	for _, want := range []string{
+		"FAIL [I1] while the first leader leads, nobody else is elected",
+		"FAIL [I1] at no moment did two campaigners lead at once (expected=1, actual=",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("split brain: output lacks %q:\n%s", want, out)
+		}
+	}
+	_, out = report(t, func(ctx context.Context) (conformance.Harness, error) {
+		h, _ := newMemHarness(ctx)
+		return reusedTokenHarness{h.(*memHarness)}, nil
+	}, "F11")
+	if want := "FAIL [I2] the new leader holds a larger token (expected=token=2, actual=token=1)"; !strings.Contains(out, want) {
+		t.Errorf("reused tokens: output lacks %q:\n%s", want, out)
+	}
+}
