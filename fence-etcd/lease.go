@@ -383,6 +383,10 @@ func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseS
 		return free, nil
 	case err != nil:
 		return leasecore.LeaseState{}, etcdkv.MapError(ctx, pkg, op, err)
+	case ttl.TTL < 0:
+		// etcd answers an unknown lease with TTL -1 (not an error):
+		// revoked between the two reads, and the key with it.
+		return free, nil
 	}
 	st := leasecore.LeaseState{Name: name, Exists: true, Holder: string(kv.Value),
 		Token: leasecore.Token(kv.CreateRevision), Held: true}

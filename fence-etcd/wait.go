@@ -15,9 +15,10 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// waitSpread bounds the random time added to a wait's bound: it covers the
-// lessor's expiry round (about every 500 ms) and spreads waiters that read
-// the same remaining TTL.
+// waitSpread is added to a wait's bound once for the lessor's expiry round
+// (it revokes expired leases about every 500 ms, then deletes their keys
+// through raft) and once more, at random, to spread waiters that read the
+// same remaining TTL.
 const waitSpread = 500 * time.Millisecond
 
 // WaitFree implements leasecore.Waiter with a watch: it reads the lease's
@@ -70,7 +71,13 @@ func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 		case err != nil:
 			return etcdkv.MapError(ctx, pkg, op, err)
 		}
-		bound := time.Duration(max(ttl.TTL, 0)+1)*time.Second + rand.N(waitSpread)
+		if ttl.TTL < 0 {
+			return nil // revoked since the read (etcd answers an unknown lease with TTL -1), and the key with it
+		}
+		// Whole seconds rounded down (+1 s), the lessor's expiry round
+		// (about every 500 ms) and its delete through raft (+waitSpread),
+		// and jitter that spreads waiters (+up to waitSpread).
+		bound := time.Duration(ttl.TTL+1)*time.Second + waitSpread + rand.N(waitSpread)
 		wctx, cancel = context.WithTimeout(wctx, bound)
 		defer cancel()
 	}

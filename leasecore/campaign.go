@@ -239,19 +239,34 @@ func (c *campaign) run(ctx context.Context) error {
 // reports that the campaign is over, with err its result.
 func (c *campaign) leadOnce(ctx context.Context, sess *Session) (done bool, err error) {
 	token := sess.Token()
+	// The release does not inherit ctx's end (ctx may be why lead returned)
+	// but is bounded like every request of the session's own.
+	closeSession := func() error {
+		rctx, rcancel := withClockTimeout(context.WithoutCancel(ctx), c.sess.clock, c.sess.renewTimeout, errReleaseTimeout)
+		defer rcancel()
+		return sess.Close(rctx)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			// lead (or an observer) panicked: end the session and release
+			// the lease before the panic goes on, so a caller that
+			// recovers is not left holding a lease nobody leads under.
+			_ = closeSession()
+		}
+	}()
 	c.emit(CampaignEvent{Kind: CampaignElected, Token: token})
 	lctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	stop := context.AfterFunc(sess.Context(), func() { cancel(context.Cause(sess.Context())) })
+	defer stop()
 	leadErr := c.lead(lctx, token)
 	stop()
 	cancel(nil)
 
 	ended := sess.Err() // nil: lead returned while the session still ran
-	// The release does not inherit ctx's end (ctx may be why lead returned)
-	// but is bounded like every request of the session's own.
-	rctx, rcancel := withClockTimeout(context.WithoutCancel(ctx), c.sess.clock, c.sess.renewTimeout, errReleaseTimeout)
-	closeErr := sess.Close(rctx)
-	rcancel()
+	closed = true
+	closeErr := closeSession()
 	if ended != nil {
 		c.emit(CampaignEvent{Kind: CampaignLost, Token: token, Err: ended})
 		if ctx.Err() != nil {

@@ -406,3 +406,26 @@ func TestCampaignEndsWhileWaiting(t *testing.T) {
 		})
 	}
 }
+
+// A lead function that panics: the panic goes on to the caller, and the
+// lease is released before it does, so a caller that recovers is not left
+// holding (and renewing) a lease nobody leads under.
+func TestCampaignReleasesWhenLeadPanics(t *testing.T) {
+	baseline := runtime.NumGoroutine()
+	f := newFixture(false)
+	recovered := func() (r any) {
+		defer func() { r = recover() }()
+		_ = leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a",
+			func(context.Context, leasecore.Token) error { panic("lead failed") },
+			leasecore.WithSessionOptions(leasecore.WithClock(f.local), leasecore.WithTTL(testTTL)))
+		return nil
+	}()
+	if recovered != "lead failed" {
+		t.Fatalf("recovered %v, want lead's panic", recovered)
+	}
+	if st := f.inspect(t); st.Held || !st.Released {
+		t.Errorf("server state after lead panicked: %+v, want released", st)
+	}
+	waitGoroutines(t, baseline)
+	f.local.WaitTimers(t, 0)
+}
