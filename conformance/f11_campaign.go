@@ -44,7 +44,8 @@ func caseF11(ctx context.Context, c *caseRun, h Harness) {
 	waiting := "polling (the lease client is no leasecore.Waiter)"
 	for i := 1; i <= campaigners; i++ {
 		holder := fmt.Sprintf("campaigner-%d", i)
-		stepDown[holder] = make(chan struct{})
+		down := make(chan struct{}) // lead reads its own channel, never the map
+		stepDown[holder] = down
 		lease, _ := c.openLease(h)
 		if _, ok := lease.(leasecore.Waiter); ok {
 			waiting = "the lease client's leasecore.Waiter, or polling where it cannot wait"
@@ -62,7 +63,7 @@ func caseF11(ctx context.Context, c *caseRun, h Harness) {
 			select {
 			case <-ctx.Done():
 				return context.Cause(ctx)
-			case <-stepDown[holder]:
+			case <-down:
 				return nil // done leading: Campaign releases and returns nil
 			}
 		}
