@@ -189,12 +189,6 @@ func options(op string, opts []Option) (etcdkv.Options, etcdkv.Layout, error) {
 	return o, l, err
 }
 
-// layout applies opts and validates the result.
-func layout(op string, opts []Option) (etcdkv.Layout, error) {
-	_, l, err := options(op, opts)
-	return l, err
-}
-
 // checkWholeSeconds rejects a TTL that is not a whole number of seconds.
 func checkWholeSeconds(op string, ttl time.Duration) error {
 	if ttl%time.Second != 0 {

@@ -3,12 +3,12 @@ package fenceetcd_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -165,84 +165,11 @@ func TestWaitFree(t *testing.T) {
 // which is the TTL here).
 func TestCampaignHandoff(t *testing.T) {
 	f := newFixture(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	leasesB, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
 	if err != nil {
 		t.Fatal(err)
 	}
-	const name, ttl = "leader", 8 * time.Second
-	opts := func(observe func(leasecore.CampaignEvent)) []leasecore.CampaignOption {
-		return []leasecore.CampaignOption{
-			leasecore.WithSessionOptions(leasecore.WithTTL(ttl)),
-			leasecore.WithPollInterval(ttl), // a poll pauses ttl/2 or more: far above a watch event
-			leasecore.WithCampaignObserver(observe),
-		}
-	}
-
-	elected, resign := make(chan leasecore.Token, 1), make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		err := leasecore.Campaign(ctx, f.leases, name, "a", func(ctx context.Context, tok leasecore.Token) error {
-			elected <- tok
-			<-resign
-			return nil
-		}, opts(func(leasecore.CampaignEvent) {})...)
-		if err != nil {
-			t.Errorf("campaign a = %v, want nil (its function returned nil)", err)
-		}
-	})
-	tokA := <-elected
-
-	var (
-		mu      sync.Mutex
-		retries []error
-	)
-	observed := make(chan struct{}, 1)
-	type leadership struct {
-		token leasecore.Token
-		at    time.Time
-	}
-	bLeads := make(chan leadership, 1)
-	wg.Go(func() {
-		err := leasecore.Campaign(ctx, leasesB, name, "b", func(ctx context.Context, tok leasecore.Token) error {
-			bLeads <- leadership{tok, time.Now()}
-			return nil
-		}, opts(func(ev leasecore.CampaignEvent) {
-			switch ev.Kind {
-			case leasecore.CampaignObserved:
-				select {
-				case observed <- struct{}{}:
-				default:
-				}
-			case leasecore.CampaignRetry:
-				mu.Lock()
-				retries = append(retries, ev.Err)
-				mu.Unlock()
-			}
-		})...)
-		if err != nil {
-			t.Errorf("campaign b = %v, want nil", err)
-		}
-	})
-	<-observed                         // b was refused and saw a as the holder
-	time.Sleep(300 * time.Millisecond) // and now waits
-	resigned := time.Now()
-	close(resign)
-	b := <-bLeads
-	wg.Wait()
-
-	if b.token <= tokA {
-		t.Fatalf("b led with token %d, want one larger than a's %d", b.token, tokA)
-	}
-	handoff := b.at.Sub(resigned)
-	t.Logf("b elected %v after a's function returned (token %d -> %d)", handoff.Round(time.Millisecond), tokA, b.token)
-	if handoff > ttl/4 {
-		t.Fatalf("b became leader %v after a resigned (TTL %v, poll interval %v): not woken by the release", handoff, ttl, ttl)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(retries) != 0 {
-		t.Fatalf("campaign b retried after errors %v, want none: WaitFree should wait", retries)
-	}
+	const ttl = 8 * time.Second
+	// A poll pauses ttl/2 or more: far above a watch event.
+	backendtest.CampaignHandoff(t, f.leases, leasesB, "leader", ttl, ttl, true)
 }

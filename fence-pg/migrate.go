@@ -70,7 +70,8 @@ func LeaseDDL(schema string) (string, error) {
 //	GRANT SELECT, INSERT, DELETE ON <schema>.write_attempt TO <role>;
 //
 // (DELETE only for PruneAttempts; EXECUTE on fence_reject is granted to
-// PUBLIC by default.) TestRuntimeRole runs every operation as such a role.
+// PUBLIC by default.) The module's tests run every operation as a role
+// with exactly these grants.
 func ResourceDDL(schema string) (string, error) {
 	if err := checkSchemaName("resource ddl", schema); err != nil {
 		return "", err

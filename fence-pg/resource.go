@@ -64,10 +64,12 @@ func renameOp(err error, op string) error {
 	return err
 }
 
-// Write implements leasecore.FencedResource with one statement (see
-// FencedWrite in internal/pgsql): Fence's check, the part stored only when
-// it accepts, and the attempt logged as WithAttemptLog says — all committed
-// together. It accepts w.Token >= floor (an equal token is the same holding
+// Write implements leasecore.FencedResource on Fence's check: when the
+// scope's floor already equals w.Token (this holding period wrote before,
+// or advanced the floor) one statement share-locks the floor row and
+// stores the part; otherwise one more statement raises the floor, stores
+// the part only when it accepts and logs the attempt as WithAttemptLog
+// says — each in autocommit, the check and its writes committed together. It accepts w.Token >= floor (an equal token is the same holding
 // period writing again) and rejects anything lower, whichever part it
 // targets; a rejection is a Result, not an error. Concurrent writers of one
 // scope queue on the floor row and each compares with the floor the
@@ -83,9 +85,8 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 		query(ctx, r.fence.stmt.write, append(r.fence.args(c, true), w.Part, w.Content)...))
 }
 
-// WriteBatch implements leasecore.BatchWriter with one statement (see
-// FencedWriteBatch in internal/pgsql): one floor comparison for the whole
-// batch, every part stored or none, one commit, and (as WithAttemptLog
+// WriteBatch implements leasecore.BatchWriter like Write: one floor
+// comparison for the whole batch, every part stored or none, one commit, and (as WithAttemptLog
 // says) one write_attempt row per part. Writing summary and detail this way
 // costs one round trip and one commit instead of two.
 func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {

@@ -4,12 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers database/sql driver "pgx"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/leasecore"
@@ -303,88 +303,12 @@ func TestWaitFreeInSchema(t *testing.T) {
 // poll interval, which is the TTL here). lib/pq polls: it still hands off.
 func TestCampaignHandoff(t *testing.T) {
 	forEachWaitDriver(t, func(t *testing.T, w *waitFixture) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		const name, ttl = "leader", 8 * time.Second
+		const ttl = 8 * time.Second
 		poll := ttl // a poll pauses between ttl/2 and ttl: far above a notification
 		if !w.notifies {
 			poll = 200 * time.Millisecond
 		}
-		opts := func(observe func(leasecore.CampaignEvent)) []leasecore.CampaignOption {
-			return []leasecore.CampaignOption{
-				leasecore.WithSessionOptions(leasecore.WithTTL(ttl)),
-				leasecore.WithPollInterval(poll),
-				leasecore.WithCampaignObserver(observe),
-			}
-		}
-
-		elected, resign := make(chan leasecore.Token, 1), make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			err := leasecore.Campaign(ctx, w.leases, name, "a", func(ctx context.Context, tok leasecore.Token) error {
-				elected <- tok
-				<-resign
-				return nil
-			}, opts(func(leasecore.CampaignEvent) {})...)
-			if err != nil {
-				t.Errorf("campaign a = %v, want nil (its function returned nil)", err)
-			}
-		})
-		tokA := <-elected
-
-		var (
-			mu      sync.Mutex
-			retries []error
-		)
-		observed := make(chan struct{}, 1)
-		type leadership struct {
-			token leasecore.Token
-			at    time.Time
-		}
-		bLeads := make(chan leadership, 1)
-		wg.Go(func() {
-			err := leasecore.Campaign(ctx, w.store, name, "b", func(ctx context.Context, tok leasecore.Token) error {
-				bLeads <- leadership{tok, time.Now()}
-				return nil
-			}, opts(func(ev leasecore.CampaignEvent) {
-				switch ev.Kind {
-				case leasecore.CampaignObserved:
-					select {
-					case observed <- struct{}{}:
-					default:
-					}
-				case leasecore.CampaignRetry:
-					mu.Lock()
-					retries = append(retries, ev.Err)
-					mu.Unlock()
-				}
-			})...)
-			if err != nil {
-				t.Errorf("campaign b = %v, want nil", err)
-			}
-		})
-		<-observed                         // b was refused and saw a as the holder
-		time.Sleep(300 * time.Millisecond) // and now waits
-		resigned := time.Now()
-		close(resign)
-		b := <-bLeads
-		wg.Wait()
-
-		if b.token <= tokA {
-			t.Fatalf("b led with token %d, want one larger than a's %d", b.token, tokA)
-		}
-		handoff := b.at.Sub(resigned)
-		t.Logf("b elected %v after a's function returned (token %d -> %d)", handoff.Round(time.Millisecond), tokA, b.token)
-		if w.notifies {
-			if handoff > ttl/4 {
-				t.Fatalf("b became leader %v after a resigned (TTL %v, poll interval %v): not woken by the release", handoff, ttl, poll)
-			}
-			mu.Lock()
-			defer mu.Unlock()
-			if len(retries) != 0 {
-				t.Fatalf("campaign b retried after errors %v, want none: WaitFree should wait", retries)
-			}
-		}
+		backendtest.CampaignHandoff(t, w.leases, w.store, "leader", ttl, poll, w.notifies)
 		if n := w.listening(t); n != 0 {
 			t.Fatalf("%d channels still listened on after the campaigns", n)
 		}

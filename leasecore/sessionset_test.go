@@ -104,18 +104,24 @@ func waitLost(t *testing.T, set *leasecore.SessionSet, name string) leasecore.Lo
 	}
 }
 
-// With a RenewAll that hangs (ignoring its context), each name still ends
-// at its local deadline by the set's clock: reported on Lost, no longer
-// Valid.
-func TestSessionSetDeadlineWhileRenewAllHangs(t *testing.T) {
-	f := newFixture(true)
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
+// hangRenewAll makes every RenewAll hang, ignoring its context: each
+// call signals entered, then waits until unblock is closed.
+func (f *fixture) hangRenewAll() (entered chan struct{}, unblock chan struct{}) {
+	entered, unblock = make(chan struct{}, 1), make(chan struct{})
 	f.spy.renewAllHook = func(context.Context, []leasecore.Grant) error {
 		entered <- struct{}{}
 		<-unblock
 		return nil
 	}
+	return entered, unblock
+}
+
+// With a RenewAll that hangs (ignoring its context), each name still ends
+// at its local deadline by the set's clock: reported on Lost, no longer
+// Valid.
+func TestSessionSetDeadlineWhileRenewAllHangs(t *testing.T) {
+	f := newFixture(true)
+	entered, unblock := f.hangRenewAll()
 	set := f.newFakeSet(t)
 	t.Cleanup(func() { close(unblock) }) // runs before the set's Close
 	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
@@ -194,13 +200,7 @@ func TestSessionSetAcquireSlowerThanLocalWindow(t *testing.T) {
 // Close(ctx) returns when ctx ends, even while a RenewAll hangs.
 func TestSessionSetCloseHonoursContextDuringRenewAll(t *testing.T) {
 	f := newFixture(false)
-	entered := make(chan struct{}, 1)
-	unblock := make(chan struct{})
-	f.spy.renewAllHook = func(context.Context, []leasecore.Grant) error {
-		entered <- struct{}{}
-		<-unblock
-		return nil
-	}
+	entered, unblock := f.hangRenewAll()
 	set := f.newFakeSet(t)
 	t.Cleanup(func() { close(unblock) })
 	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
