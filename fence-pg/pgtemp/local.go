@@ -28,6 +28,8 @@ type server struct {
 	logPath string
 	port    int
 	logf    func(format string, args ...any)
+	// settings are WithSetting's parameters, passed after ours on every start.
+	settings []setting
 
 	proc *postmaster // nil while down (after a failed restart, after shutdown)
 }
@@ -75,12 +77,13 @@ func startLocal(ctx context.Context, cfg config, logf func(string, ...any)) (*se
 		tmp = abs
 	}
 	s := &server{
-		bins:    bins,
-		user:    u,
-		tmpDir:  tmp,
-		dataDir: filepath.Join(tmp, "data"),
-		logPath: filepath.Join(tmp, "postgres.log"),
-		logf:    logf,
+		bins:     bins,
+		user:     u,
+		tmpDir:   tmp,
+		dataDir:  filepath.Join(tmp, "data"),
+		logPath:  filepath.Join(tmp, "postgres.log"),
+		logf:     logf,
+		settings: cfg.settings,
 	}
 	ok := false
 	defer func() {

@@ -40,6 +40,8 @@ var (
 	// ErrNotSupported means the provider cannot do the operation, for example
 	// RestartImmediate on an external server.
 	ErrNotSupported = errors.New("pgtemp: not supported by this provider")
+	// ErrInvalidOption means an Option was given a value it cannot use (WithPort, WithSetting).
+	ErrInvalidOption = errors.New("pgtemp: invalid option")
 )
 
 const (
@@ -64,10 +66,14 @@ const (
 type Option func(*config)
 
 type config struct {
-	port   int
-	binDir string
-	log    io.Writer
+	port     int
+	binDir   string
+	log      io.Writer
+	settings []setting
 }
+
+// setting is one server parameter given with WithSetting.
+type setting struct{ name, value string }
 
 // WithPort makes the cluster listen on the given port of 127.0.0.1 instead of a free port picked
 // by the kernel. If the port is taken, Start fails with an error wrapping ErrPortInUse. Port 0
@@ -81,6 +87,18 @@ func WithPort(port int) Option {
 // silently using another installation. The external provider ignores it.
 func WithBinDir(dir string) Option {
 	return func(c *config) { c.binDir = dir }
+}
+
+// WithSetting starts the server with the parameter name set to value (postgres -c name=value),
+// after pgtemp's own settings, so it overrides them: a test can run the library on a cluster
+// whose default_transaction_isolation is serializable, or whose synchronous_commit or even fsync
+// is off, to check that the library copes or refuses. It applies across restarts. A name that
+// is not a parameter name (letters, digits, '_' and '.') makes Start fail with an error wrapping
+// ErrInvalidOption; PostgreSQL itself rejects unknown parameters and bad values at start. The
+// external provider cannot change a running server's settings: Start fails there with an error
+// wrapping ErrNotSupported rather than silently running without them.
+func WithSetting(name, value string) Option {
+	return func(c *config) { c.settings = append(c.settings, setting{name, value}) }
 }
 
 // WithLog sends progress lines ("pgtemp: initdb ...", "pgtemp: started ... in 1.2s") to w.
@@ -136,8 +154,21 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 
+	if cfg.port < 0 || cfg.port > 65535 {
+		return nil, fmt.Errorf("pgtemp: WithPort(%d): not a TCP port: %w", cfg.port, ErrInvalidOption)
+	}
+	for _, st := range cfg.settings {
+		if !isParamName(st.name) {
+			return nil, fmt.Errorf("pgtemp: WithSetting(%q): not a parameter name: %w", st.name, ErrInvalidOption)
+		}
+	}
+
 	c := &Cluster{log: cfg.log}
 	if raw := getenv(envURL); raw != "" {
+		if len(cfg.settings) > 0 {
+			return nil, fmt.Errorf("pgtemp: WithSetting(%q) needs a cluster pgtemp starts, not %s: %w",
+				cfg.settings[0].name, envURL, ErrNotSupported)
+		}
 		ext, info, err := startExternal(ctx, raw, c.logf)
 		if err != nil {
 			return nil, err
@@ -148,9 +179,6 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 		return c, nil
 	}
 
-	if cfg.port < 0 || cfg.port > 65535 {
-		return nil, fmt.Errorf("pgtemp: WithPort(%d): not a TCP port", cfg.port)
-	}
 	s, info, err := startLocal(ctx, cfg, c.logf)
 	if err != nil {
 		return nil, err
@@ -159,6 +187,19 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	c.host, c.port = loopback, s.port
 	c.version, c.versionNum = info.version, info.versionNum
 	return c, nil
+}
+
+// isParamName reports whether name can be a PostgreSQL parameter name (custom ones have a dot).
+func isParamName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		if !(r == '_' || r == '.' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // StartTB is Start for tests: it fails the test with tb.Fatal if the cluster cannot start (a

@@ -554,3 +554,49 @@ func TestHelperStartAndHang(t *testing.T) {
 	fmt.Printf("READY %s %d\n", c.DataDir(), c.Port())
 	select {}
 }
+
+// TestWithSetting: a parameter given with WithSetting overrides pgtemp's own and survives a
+// restart; a bad name or the external provider is refused before anything starts.
+func TestWithSetting(t *testing.T) {
+	localOnly(t)
+	ctx := t.Context()
+	c := StartTB(t, WithLog(testLog{t}),
+		WithSetting("default_transaction_isolation", "serializable"),
+		WithSetting("synchronous_commit", "off"))
+	show := func(name string) string {
+		conn := connect(t, c.DSN("postgres"))
+		var v string
+		if err := conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	check := func(when string) {
+		if got := show("default_transaction_isolation"); got != "serializable" {
+			t.Errorf("%s: default_transaction_isolation = %q, want serializable", when, got)
+		}
+		if got := show("synchronous_commit"); got != "off" {
+			t.Errorf("%s: synchronous_commit = %q, want off (WithSetting overrides pgtemp's on)", when, got)
+		}
+	}
+	check("after start")
+	if _, err := c.RestartImmediate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	check("after RestartImmediate")
+
+	for _, opt := range []Option{WithSetting("", "x"), WithSetting("fsync=off -c x", "y"), WithPort(-1)} {
+		c, err := Start(ctx, opt)
+		if err == nil {
+			c.Stop()
+			t.Fatal("Start with a bad option succeeded")
+		}
+		if !errors.Is(err, ErrInvalidOption) {
+			t.Errorf("err = %v, want errors.Is ErrInvalidOption", err)
+		}
+	}
+	t.Setenv(envURL, "postgres://postgres@127.0.0.1:1/postgres")
+	if _, err := Start(ctx, WithSetting("fsync", "off")); !errors.Is(err, ErrNotSupported) {
+		t.Errorf("external provider with WithSetting: err = %v, want errors.Is ErrNotSupported", err)
+	}
+}

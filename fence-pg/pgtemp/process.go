@@ -39,7 +39,7 @@ type postmaster struct {
 // recovery; with synchronous_commit=off an acknowledged commit can still sit in WAL buffers when
 // the server dies, and with fsync=off the test would prove nothing about real crashes.
 func (s *server) serverArgs() []string {
-	return []string{
+	args := []string{
 		"-D", s.dataDir,
 		"-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=" + loopback,
@@ -52,6 +52,11 @@ func (s *server) serverArgs() []string {
 		"-c", "max_connections=300",
 		"-c", "shared_buffers=64MB",
 	}
+	// WithSetting's parameters come last: postgres takes the last -c of a name.
+	for _, st := range s.settings {
+		args = append(args, "-c", st.name+"="+st.value)
+	}
+	return args
 }
 
 // startAndWait starts a postmaster and waits until it accepts connections. On failure nothing
