@@ -38,6 +38,16 @@ var (
 	// ErrSchema: the backend's schema is missing or out of date; run its
 	// migration.
 	ErrSchema = errors.New("leasecore: backend schema missing")
+
+	// ErrConfig: the backend is misconfigured; retrying will not help
+	// until the configuration is fixed. Examples: an unknown database or
+	// role, an authentication failure, a missing privilege (the wrapping
+	// error names the grant), a connection pooler that breaks the driver's
+	// prepared statements, a server that does not keep its writes across
+	// a crash (fsync off). The wrapping error says what to change. A
+	// retry loop (Campaign) returns it instead of retrying; a deployment
+	// should meet it at start-up, from the backend's start-up check.
+	ErrConfig = errors.New("leasecore: backend misconfigured")
 )
 
 // ArgError describes one bad input. It wraps ErrInvalidArgument.
