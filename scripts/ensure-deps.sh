@@ -7,6 +7,11 @@
 #     when running as root on Debian/Ubuntu; otherwise we say what to install.
 #   - As root: an unprivileged OS user `postgres`, because PostgreSQL refuses
 #     to run as root.
+#   - PgBouncer (the pgbouncer program): the conformance suite also runs behind
+#     it in pool_mode=transaction (fence-pg/internal/pgbouncertest starts its
+#     own process on a free 127.0.0.1 port). Installed with apt-get as root on
+#     Debian/Ubuntu, with the package's own service kept from starting;
+#     otherwise we say what to install.
 # etcd needs nothing here: it is built from Go modules (go.etcd.io/etcd/server/v3).
 set -euo pipefail
 
@@ -21,6 +26,11 @@ if [ "$(printf '%s\n1.26\n' "$gover" | sort -V | head -n1)" != "1.26" ]; then
   say "Go $gover is too old: install Go 1.26 or newer."
   exit 1
 fi
+
+apt_updated=
+apt_update() {
+  if [ -z "$apt_updated" ]; then apt-get update -qq; apt_updated=1; fi
+}
 
 # The same search order as fence-pg/pgtemp.
 find_pg_bindir() {
@@ -49,7 +59,7 @@ else
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     say "PostgreSQL server binaries not found: installing them with apt-get (postgresql)"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
+    apt_update
     apt-get install -y -qq postgresql >/dev/null
     bindir=$(find_pg_bindir) || { say "apt-get installed postgresql but no initdb/postgres was found"; exit 1; }
     say "PostgreSQL binaries: $bindir ($("$bindir/postgres" --version))"
@@ -66,4 +76,55 @@ fi
 if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   say "running as root: creating the unprivileged OS user 'postgres' (PostgreSQL refuses to run as root)"
   useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
+fi
+
+# The same search order as fence-pg/internal/pgbouncertest.
+find_pgbouncer() {
+  local p
+  if [ -n "${LEASEFENCE_PGBOUNCER:-}" ]; then
+    [ -x "$LEASEFENCE_PGBOUNCER" ] && { echo "$LEASEFENCE_PGBOUNCER"; return 0; }
+    return 1
+  fi
+  if p=$(command -v pgbouncer 2>/dev/null); then echo "$p"; return 0; fi
+  for p in /usr/sbin/pgbouncer /usr/local/sbin/pgbouncer /usr/local/bin/pgbouncer /opt/homebrew/bin/pgbouncer; do
+    if [ -x "$p" ]; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+# apt_install_no_service installs packages without letting their maintainer
+# scripts start the packaged services (Debian's pgbouncer would start one on
+# 127.0.0.1:6432): a policy-rc.d answering 101 ("action forbidden") for the
+# duration of the install, unless one is already in place.
+apt_install_no_service() {
+  local policy=/usr/sbin/policy-rc.d created= rc=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# ensure-deps.sh: no service starts during this install\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    created=1
+  fi
+  apt-get install -y -qq "$@" >/dev/null || rc=$?
+  if [ -n "$created" ]; then rm -f "$policy"; fi
+  return "$rc"
+}
+
+if [ -n "${LEASEFENCE_PGBOUNCER:-}" ] && [ ! -x "$LEASEFENCE_PGBOUNCER" ]; then
+  say "LEASEFENCE_PGBOUNCER=$LEASEFENCE_PGBOUNCER is not an executable file: point it at the pgbouncer program, or unset it."
+  exit 1
+elif pgb=$(find_pgbouncer); then
+  say "PgBouncer: $pgb ($("$pgb" --version 2>&1 | head -n1))"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  say "PgBouncer not found: installing it with apt-get (pgbouncer; its packaged service is not started, the tests run their own)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt_update
+  apt_install_no_service pgbouncer
+  pgb=$(find_pgbouncer) || { say "apt-get installed pgbouncer but no pgbouncer program was found"; exit 1; }
+  say "PgBouncer: $pgb ($("$pgb" --version 2>&1 | head -n1))"
+else
+  say "PgBouncer (the pgbouncer program, 1.18 or newer) not found; the tests behind a transaction pooler need it. Install it, then retry:"
+  say "  Debian/Ubuntu: sudo apt-get install -y pgbouncer   (the tests start their own process; the packaged service need not run)"
+  say "  Fedora/RHEL:   sudo dnf install -y pgbouncer"
+  say "  macOS:         brew install pgbouncer"
+  say "or set LEASEFENCE_PGBOUNCER to the pgbouncer program."
+  exit 1
 fi
