@@ -41,10 +41,24 @@ import (
 // beat the token, never an error. Errors wrap leasecore's sentinels as
 // described in the package documentation.
 //
-// The check needs Read Committed, PostgreSQL's default isolation level: it
-// relies on a blocked lock re-reading the newest version of the floor row
-// (PostgreSQL docs §13.2.1). RunTx and RunSQLTx begin their transactions
-// at that level.
+// The check is written for Read Committed, PostgreSQL's default isolation
+// level: it relies on a blocked lock re-reading the newest version of the
+// floor row (PostgreSQL docs §13.2.1). RunTx and RunSQLTx begin their
+// transactions at that level explicitly, whatever the server's default.
+// The Fence's own single statements (Advance, and SendBatch's pipeline
+// when it is not sent on a transaction) cannot choose their level: on a
+// server, database or role that defaults to Repeatable Read or
+// Serializable they are sent again after a serialization failure (SQLSTATE
+// 40001), which at those levels takes the place of the re-read. In a
+// caller's own Repeatable Read or Serializable transaction the check stays
+// correct, but where Read Committed would re-read it fails the transaction
+// with an error wrapping leasecore.ErrUnavailable: roll back and run the
+// whole transaction again.
+//
+// Everything the Fence commits, and the caller's transaction that a check
+// ran in, commits durably: where synchronous_commit defaults to off or
+// local, the check sets it to on for its transaction, so an acknowledged
+// floor (and the rows written under it) survives a crash.
 //
 // A Fence is safe for concurrent use.
 type Fence struct {
@@ -86,7 +100,8 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 const DefaultIdleInTransactionTimeout = 5 * time.Second
 
 // Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
-// (WithSchema only) NewLeaseStore and NewLeaseStoreDB.
+// (WithSchema and WithoutNotifications only) NewLeaseStore and
+// NewLeaseStoreDB.
 type Option func(*config)
 
 type config struct {
@@ -94,6 +109,7 @@ type config struct {
 	log             leasecore.AttemptLog
 	lockTimeout     time.Duration
 	idleInTxTimeout time.Duration
+	noNotify        bool // WithoutNotifications
 }
 
 func newConfig(op string, opts []Option) (config, error) {
@@ -152,6 +168,22 @@ func WithSchema(name string) Option {
 // be frozen inside such a transaction.
 func WithTimeouts(lock, idleInTransaction time.Duration) Option {
 	return func(c *config) { c.lockTimeout, c.idleInTxTimeout = lock, idleInTransaction }
+}
+
+// WithoutNotifications makes a LeaseStore's WaitFree return an error
+// wrapping errors.ErrUnsupported at once, without touching the database,
+// so that leasecore.Campaign polls (leasecore.WithPollInterval) instead of
+// waiting for a notification. Use it behind a connection pooler in
+// transaction (or statement) mode, such as PgBouncer with
+// pool_mode=transaction: there a LISTEN runs on whichever server
+// connection the pooler lent for that one statement and does not stay
+// with the client, so no release would ever wake the waiter, which would
+// sleep until the holding period's remaining time had passed. Release
+// still notifies (a NOTIFY is sent when its transaction commits, pooler
+// or not), so waiters connected directly to the server are still woken.
+// The other options and stores ignore it.
+func WithoutNotifications() Option {
+	return func(c *config) { c.noNotify = true }
 }
 
 // NewFence returns the fence of the database pool is connected to. The
@@ -219,7 +251,7 @@ type Querier interface {
 // written: rows written before it could be the stale holder's (they would
 // commit only if the check accepts, but the lock would then be taken late,
 // after rows other writers may be waiting on). Run it in a Read Committed
-// transaction (the default).
+// transaction (see Fence about stricter levels).
 //
 // A rejection is logged (unless the Fence's log is LogNone) on a
 // connection of the Fence's own pool, so the entry stays after tx rolls
@@ -540,17 +572,20 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 	case b == nil:
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "batch", Reason: "must not be nil"}
 	}
+	// Outside a transaction of the caller's, the pipeline is one implicit
+	// transaction of our own: a serialization failure (a server defaulting
+	// to a stricter level than Read Committed) aborted all of it, and it
+	// is sent again like a single statement (see RetrySerialization).
+	_, callersTx := s.(pgx.Tx)
 	send := func(check string, args ...any) (floor int64, err error) {
-		pipe := &pgx.Batch{}
-		f.queueLockTimeout(pipe)
-		pipe.Queue(check, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
-		// Fresh copies: pgx keeps a sent query's prepared-statement
-		// description in it, and after an aborted pipeline that statement
-		// may be gone from the server.
-		for _, q := range b.QueuedQueries {
-			pipe.QueuedQueries = append(pipe.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+		if callersTx {
+			return f.sendPipeline(ctx, s, b, check, args...)
 		}
-		return floor, s.SendBatch(ctx, pipe).Close()
+		err = pgstore.RetrySerialization(ctx, func() (err error) {
+			floor, err = f.sendPipeline(ctx, s, b, check, args...)
+			return err
+		})
+		return floor, err
 	}
 	if f.fullCheckFirst() {
 		floor, err := send(f.stmt.checkOrRaise, f.args(c, false)...)
@@ -585,6 +620,21 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 	}
 }
 
+// sendPipeline sends check (with args) and then b's statements as one
+// pipeline on s and returns the floor the check read.
+func (f *Fence) sendPipeline(ctx context.Context, s BatchSender, b *pgx.Batch, check string, args ...any) (floor int64, err error) {
+	pipe := &pgx.Batch{}
+	f.queueLockTimeout(pipe)
+	pipe.Queue(check, args...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	// Fresh copies: pgx keeps a sent query's prepared-statement
+	// description in it, and after an aborted pipeline that statement
+	// may be gone from the server.
+	for _, q := range b.QueuedQueries {
+		pipe.QueuedQueries = append(pipe.QueuedQueries, &pgx.QueuedQuery{SQL: q.SQL, Arguments: q.Arguments, Fn: q.Fn})
+	}
+	return floor, s.SendBatch(ctx, pipe).Close()
+}
+
 // rejectedFloor recognises fence_reject's error and returns the floor it
 // carries in its DETAIL.
 func rejectedFloor(err error) (int64, bool) {
@@ -608,7 +658,9 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 		return leasecore.Result{}, err
 	}
 	var floor int64
-	if err := f.db.QueryRow(ctx, f.stmt.advance, f.args(c, true)...).Scan(&floor); err != nil {
+	if err := pgstore.RetrySerialization(ctx, func() error {
+		return f.db.QueryRow(ctx, f.stmt.advance, f.args(c, true)...).Scan(&floor)
+	}); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	return leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}, nil
@@ -634,7 +686,11 @@ func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Tim
 	if err := leasecore.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err
 	}
-	n, err := f.db.Exec(ctx, f.stmt.prune, scope, before)
+	var n int64
+	err := pgstore.RetrySerialization(ctx, func() (err error) {
+		n, err = f.db.Exec(ctx, f.stmt.prune, scope, before)
+		return err
+	})
 	if err != nil {
 		return 0, pgstore.MapError(ctx, pkg, op, err)
 	}

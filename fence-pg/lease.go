@@ -37,6 +37,8 @@ type LeaseStore struct {
 	// noListen is set once WaitFree found a database/sql driver that cannot
 	// wait for notifications (lib/pq): it fails at once from then on.
 	noListen atomic.Bool
+	// noNotify: WithoutNotifications (behind a transaction pooler).
+	noNotify bool
 }
 
 var (
@@ -47,9 +49,9 @@ var (
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
-// database. Of the options only WithSchema applies. A nil pool or an
-// invalid option returns a *leasecore.ArgError. The caller keeps ownership
-// of the pool and closes it.
+// database. Of the options only WithSchema and WithoutNotifications apply.
+// A nil pool or an invalid option returns a *leasecore.ArgError. The caller
+// keeps ownership of the pool and closes it.
 func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
 	if pool == nil {
 		return nil, &leasecore.ArgError{Op: "new lease store", Field: "pool", Reason: "must not be nil"}
@@ -81,7 +83,7 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{db: db, schema: cfg.schema}
+	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
@@ -139,8 +141,10 @@ func (s *LeaseStore) endOrExtend(ctx context.Context, op string, g leasecore.Gra
 		before leaseRow
 		token  int64
 	)
-	err := s.db.QueryRow(ctx, query, args...).Scan(
-		&before.exists, &before.holder, &token, &before.released, &before.held)
+	err := pgstore.RetrySerialization(ctx, func() error {
+		return s.db.QueryRow(ctx, query, args...).Scan(
+			&before.exists, &before.holder, &token, &before.released, &before.held)
+	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return nil // updated
@@ -209,27 +213,31 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	start := time.Now() // before the request, as in Renew
-	rows, err := s.db.Query(ctx, s.stmt.renewAll, gs[0].Holder, string(arg))
-	if err != nil {
-		return nil, nil, pgstore.MapError(ctx, pkg, op, err)
-	}
-	defer rows.Close()
-	lost := make([]error, len(gs))
-	for rows.Next() {
-		var (
-			name   string
-			before leaseRow
-			token  int64
-		)
-		if err := rows.Scan(&name, &before.exists, &before.holder, &token, &before.released, &before.held); err != nil {
-			return nil, nil, pgstore.MapError(ctx, pkg, op, err)
+	var lost []error
+	err = pgstore.RetrySerialization(ctx, func() error {
+		lost = make([]error, len(gs))
+		rows, err := s.db.Query(ctx, s.stmt.renewAll, gs[0].Holder, string(arg))
+		if err != nil {
+			return err
 		}
-		before.token = leasecore.Token(token)
-		i := index[name]
-		lost[i] = &leasecore.HoldError{Op: "renew", Name: name, Holder: gs[i].Holder, Token: gs[i].Token,
-			Reason: before.lostReason(gs[i]), Err: leasecore.ErrLost}
-	}
-	if err := rows.Err(); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				name   string
+				before leaseRow
+				token  int64
+			)
+			if err := rows.Scan(&name, &before.exists, &before.holder, &token, &before.released, &before.held); err != nil {
+				return err
+			}
+			before.token = leasecore.Token(token)
+			i := index[name]
+			lost[i] = &leasecore.HoldError{Op: "renew", Name: name, Holder: gs[i].Holder, Token: gs[i].Token,
+				Reason: before.lostReason(gs[i]), Err: leasecore.ErrLost}
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		return nil, nil, pgstore.MapError(ctx, pkg, op, err)
 	}
 	renewed := make([]leasecore.Grant, len(gs))
@@ -251,7 +259,9 @@ func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseS
 	}
 	st := leasecore.LeaseState{Name: name}
 	var token, remaining int64
-	err := s.db.QueryRow(ctx, s.stmt.inspect, name).Scan(&st.Holder, &token, &st.Held, &st.Released, &remaining)
+	err := pgstore.RetrySerialization(ctx, func() error {
+		return s.db.QueryRow(ctx, s.stmt.inspect, name).Scan(&st.Holder, &token, &st.Held, &st.Released, &remaining)
+	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return st, nil

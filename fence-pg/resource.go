@@ -153,7 +153,11 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared
 	}
 	gap := commitgap.From(ctx)
 	if gap == nil {
-		floor, err := exec(r.fence.db)
+		var floor int64
+		err := pgstore.RetrySerialization(ctx, func() (err error) {
+			floor, err = exec(r.fence.db)
+			return err
+		})
 		if err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}

@@ -44,8 +44,10 @@ type Querier interface {
 // DB is a pool of connections.
 type DB interface {
 	Querier
-	// Begin starts a transaction on one connection of the pool, which it
-	// keeps until Commit or Rollback.
+	// Begin starts a Read Committed transaction on one connection of the
+	// pool, which it keeps until Commit or Rollback. The level is explicit
+	// because the server's default may be stricter and the statements run
+	// in it are written for Read Committed.
 	Begin(ctx context.Context) (Tx, error)
 }
 
@@ -91,7 +93,7 @@ type pgxDB struct {
 }
 
 func (d pgxDB) Begin(ctx context.Context) (Tx, error) {
-	tx, err := d.p.Begin(ctx)
+	tx, err := d.p.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +149,7 @@ type sqlDB struct {
 }
 
 func (d sqlDB) Begin(ctx context.Context) (Tx, error) {
-	tx, err := d.db.BeginTx(ctx, nil)
+	tx, err := d.db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, err
 	}

@@ -13,12 +13,35 @@ package pgsql
 //
 // The TTL travels as integer microseconds (PostgreSQL's timestamp
 // resolution), so no float rounding or interval parsing is involved.
+//
+// Its row comes from a SELECT rather than VALUES only so that it can carry
+// DurableCommit.
 const Acquire = `INSERT INTO leasefence.lease AS l (name, holder, token, expires_at)
-VALUES ($1, $2, 1, now() + $3::bigint * interval '1 microsecond')
+SELECT $1::text, $2::text, 1, now() + $3::bigint * interval '1 microsecond' WHERE ` + DurableCommit + `
 ON CONFLICT (name) DO UPDATE
    SET holder = EXCLUDED.holder, token = l.token + 1, expires_at = EXCLUDED.expires_at
  WHERE l.expires_at <= now()
 RETURNING l.token`
+
+// DurableCommit is a condition that is always true and, as a side effect,
+// makes the transaction it is evaluated in commit durably: where the
+// server, database or role default is synchronous_commit = off (or local),
+// it sets synchronous_commit = on for this transaction only (set_config
+// with is_local), so the commit is acknowledged only after its WAL is
+// flushed (and, with synchronous standbys, confirmed by them). Stricter
+// levels (remote_write, remote_apply) are left alone. Every statement that
+// issues a token, extends or ends a holding period, or raises or relies on
+// a scope's floor carries it, where it is evaluated whenever the statement
+// writes: a token acknowledged and then lost in a crash would be issued
+// twice (PostgreSQL docs §19.5.1 synchronous_commit; §30.4 Asynchronous
+// Commit). It is part of the statement, not a SET of its own, because the
+// statements run as single-statement transactions (SET LOCAL needs a
+// transaction block) and an extra statement would cost a round trip or a
+// pipeline slot; the setting is read at commit, after the statement ran.
+// The server's fsync cannot be changed per transaction: the startup check
+// refuses fsync = off.
+const DurableCommit = `CASE WHEN current_setting('synchronous_commit') IN ('off', 'local')
+  THEN set_config('synchronous_commit', 'on', true) IS NOT NULL ELSE true END`
 
 // heldBy selects the one holding period a grant names ($1 name, $2 holder,
 // $3 token) if it is unexpired. The token identifies the holding period
@@ -45,7 +68,7 @@ SELECT l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
 const Renew = `WITH u AS (
   UPDATE leasefence.lease SET expires_at = now() + $4::bigint * interval '1 microsecond'
   ` + heldBy + `
-  RETURNING 1
+  RETURNING ` + DurableCommit + `
 )` + diagnosis
 
 // Release ends the holding period ($1 name, $2 holder, $3 token) by setting
@@ -60,7 +83,7 @@ const Renew = `WITH u AS (
 const Release = `WITH u AS (
   UPDATE leasefence.lease SET expires_at = '-infinity'
   ` + heldBy + `
-  RETURNING pg_notify('` + LeaseFreeChannel + `', 'leasefence.' || $1)
+  RETURNING pg_notify('` + LeaseFreeChannel + `', 'leasefence.' || $1), ` + DurableCommit + `
 )` + diagnosis
 
 // LeaseFreeChannel is the notification channel Release notifies and
@@ -95,7 +118,7 @@ const RenewAll = `WITH input AS (
   UPDATE leasefence.lease l SET expires_at = now() + input.ttl_us * interval '1 microsecond'
     FROM input
    WHERE l.name = input.name AND l.holder = $1 AND l.token = input.token AND l.expires_at > now()
-  RETURNING l.name
+  RETURNING l.name, ` + DurableCommit + `
 )
 SELECT input.name, l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
        coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)

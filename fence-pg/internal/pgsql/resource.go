@@ -36,7 +36,9 @@ package pgsql
 //     are one holding period.
 //
 // All sub-statements see one snapshot, so later CTEs read the floor from
-// "floor", never from the table.
+// "floor", never from the table. Every statement reads "floor", which
+// carries DurableCommit: the floor raised, and whatever the transaction
+// writes under the token, commit durably.
 const fenceCTEs = `same AS (
   SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE
 ), raised AS (
@@ -45,7 +47,8 @@ const fenceCTEs = `same AS (
   ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
   RETURNING f.max_token
 ), floor AS (
-  SELECT max_token FROM same UNION ALL SELECT max_token FROM raised
+  SELECT max_token FROM (SELECT max_token FROM same UNION ALL SELECT max_token FROM raised) AS f
+   WHERE ` + DurableCommit + `
 )`
 
 // logAttempt logs the check (of part <part>) in write_attempt when $4
@@ -63,7 +66,8 @@ func logAttempt(part string) string {
 // floor). It share-locks the floor row and writes nothing; see fenceCTEs
 // for why that suffices. No row means "not equal, or no floor": the caller
 // then runs the full check, which also raises the floor.
-const sharedFloor = `SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE`
+const sharedFloor = `SELECT max_token FROM leasefence.fence_floor
+ WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
 
 // idleTimeout sets the transaction's idle_in_transaction_session_timeout
 // to $N (milliseconds as text; NULL: leave the server's setting). It sits
@@ -78,7 +82,7 @@ func idleTimeout(param string) string {
 // FenceSharedRun is sharedFloor for fencepg.Fence.RunTx and RunSQLTx, with
 // the idle timeout $3.
 var FenceSharedRun = `SELECT max_token, ` + idleTimeout("$3") + `
-  FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE`
+  FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
 
 // FenceCheckRun is FenceCheck with the idle timeout $6, for RunTx and
 // RunSQLTx when the fast path found no equal floor.
@@ -91,10 +95,11 @@ SELECT max_token, ` + idleTimeout("$6") + ` FROM floor`
 // RejectedState through fence_reject with the floor (0 for none) in
 // DETAIL, aborting the pipeline. The caller tells a floor below the token
 // (advance, then send again) from one above it (rejected).
-const FenceGuardOrRaise = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_token
+var FenceGuardOrRaise = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_token
             ELSE leasefence.fence_reject($1::text, $2::bigint, coalesce(f.max_token, 0)) END
   FROM (SELECT 1) AS one LEFT JOIN LATERAL (
-    SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text FOR SHARE) AS f ON true`
+    SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text FOR SHARE) AS f ON true
+ WHERE ` + DurableCommit
 
 // FencedWriteShared is FencedWrite's fast path: the floor equals the token,
 // so the part is stored under a share lock of the floor row, with no new

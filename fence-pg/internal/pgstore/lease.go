@@ -23,7 +23,9 @@ func Acquire(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string,
 	// statement, so Start + TTL is never later than the server's expiry.
 	start := time.Now()
 	var token int64
-	err := q.QueryRow(ctx, stmt, name, holder, ttl.Microseconds()).Scan(&token)
+	err := RetrySerialization(ctx, func() error {
+		return q.QueryRow(ctx, stmt, name, holder, ttl.Microseconds()).Scan(&token)
+	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return leasecore.Grant{}, &leasecore.HoldError{Op: "acquire", Name: name, Holder: holder, Err: leasecore.ErrHeld}
