@@ -23,6 +23,9 @@ type config struct {
 	lab     string
 	scaling string
 	docs    string
+	// handoffSamples is the number of handoff samples per variant,
+	// handoffPollSamples the 2 s poller's (a few seconds each).
+	handoffSamples, handoffPollSamples int
 }
 
 func run(ctx context.Context, cfg config) (err error) {
@@ -80,6 +83,11 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	tw.Flush()
 
+	handoff, err := env.handoff(ctx, cfg.handoffSamples, cfg.handoffPollSamples, say)
+	if err != nil {
+		return err
+	}
+
 	// How much each ratio moved from round to round: the spread a single
 	// round would have shown.
 	fmt.Fprintf(w, "\n# each ratio over the %d rounds: quartiles and extremes\n", cfg.rounds)
@@ -94,6 +102,8 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	tw.Flush()
 
+	handoff.print(w)
+
 	fmt.Fprintln(w)
 	for _, r := range ratios {
 		if r.info {
@@ -101,6 +111,7 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		fmt.Fprintf(w, "RATIO %s %.2f\n", r.name, median(smp.perRatio[r.name]))
 	}
+	handoff.ratioLines(w)
 	if cfg.lab != "" {
 		secs, err := timeLab(ctx, cfg.lab, say)
 		if err != nil {

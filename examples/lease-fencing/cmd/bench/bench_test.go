@@ -26,7 +26,7 @@ func TestBenchRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := run(t.Context(), config{stdout: &out, rounds: 1, scaling: "1,10"}); err != nil {
+	if err := run(t.Context(), config{stdout: &out, rounds: 1, scaling: "1,10", handoffSamples: 2, handoffPollSamples: 1}); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
@@ -43,7 +43,12 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO etcd_guarded_txn/etcd_put ",
 		"RATIO etcd_fenced_write/etcd_put ",
 		"RATIO etcd_acquire_release/etcd_mutex_lock_unlock ",
+		"RATIO handoff_p50_etcd_campaign/etcd_election ",
+		"RATIO handoff_p50_etcd_campaign_shared/etcd_election ",
+		"RATIO handoff_p50_pg_campaign/poll_2s ",
+		"RATIO handoff_p50_ms_pg_campaign ",
 		"# commit cost: durable single-row upsert ",
+		"# handoff goals: pg_campaign p50 ",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
@@ -52,6 +57,72 @@ func TestBenchRuns(t *testing.T) {
 	// The commit cost is a comment for the reader, not a goal.
 	if strings.Contains(out.String(), "RATIO "+commitCostRatio) {
 		t.Errorf("the commit cost is printed as a RATIO line:\n%s", out.String())
+	}
+	// Every handoff variant has a table row with its samples (2, the
+	// poller 1) and no Campaign retries, and the p99s are in the table
+	// only, not RATIO lines.
+	for _, row := range []string{"pg_campaign", "poll_2s", "etcd_campaign", "etcd_campaign_shared", "etcd_election"} {
+		samples, retries := "2", "0"
+		switch row {
+		case "poll_2s":
+			samples = "1"
+		case "etcd_election":
+			retries = "-"
+		}
+		found := false
+		for line := range strings.Lines(out.String()) {
+			// handoff p50 p99 min max samples retries
+			if f := strings.Fields(line); len(f) == 7 && f[0] == row && f[5] == samples && f[6] == retries {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no handoff row %s with %s samples and retries %s:\n%s", row, samples, retries, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "RATIO handoff_p99") {
+		t.Errorf("a handoff p99 is printed as a RATIO line:\n%s", out.String())
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	xs := make([]float64, 100)
+	for i := range xs {
+		xs[i] = float64(100 - i) // 100 .. 1
+	}
+	for _, tc := range []struct {
+		xs   []float64
+		p    float64
+		want float64
+	}{
+		{nil, 0.99, 0},
+		{[]float64{7}, 0.99, 7},
+		{xs, 0.99, 99},
+		{xs, 0.5, 50},
+		{xs[:10], 0.99, 100}, // below 100 samples: the largest
+	} {
+		if got := percentile(tc.xs, tc.p); got != tc.want {
+			t.Errorf("percentile(%d samples, %v) = %v, want %v", len(tc.xs), tc.p, got, tc.want)
+		}
+	}
+}
+
+// TestPollTurn: the poller takes exactly pollSamples of the turns, spread
+// over them.
+func TestPollTurn(t *testing.T) {
+	for _, tc := range []struct{ samples, poll int }{{100, 10}, {2, 1}, {7, 7}, {10, 3}} {
+		var turns []int
+		for turn := 1; turn <= tc.samples; turn++ {
+			if pollTurn(turn, tc.samples, tc.poll) {
+				turns = append(turns, turn)
+			}
+		}
+		if len(turns) != tc.poll {
+			t.Errorf("%d samples, %d poll samples: poll turns %v", tc.samples, tc.poll, turns)
+		}
+		if tc.samples == 100 && (turns[0] != 10 || turns[9] != 100) {
+			t.Errorf("poll turns %v, want every 10th", turns)
+		}
 	}
 }
 

@@ -4,7 +4,8 @@
 // of one run (the machines are shared and noisy; absolute numbers are
 // not comparable between runs, ratios mostly are). `make bench` runs it.
 //
-//	bench [-rounds 5] [-benchtime 300ms] [-out evidence/bench] [-lab run.sh] [-docs docs/performance.md]
+//	bench [-rounds 15] [-benchtime 150ms] [-handoff-samples 100] [-handoff-poll-samples 10]
+//	      [-out evidence/bench] [-lab run.sh] [-docs docs/performance.md]
 package main
 
 import (
@@ -31,10 +32,16 @@ func main() {
 	out := flag.String("out", "", "directory to write the report (latest.txt) to; empty: stdout only")
 	lab := flag.String("lab", "", "path of run.sh: when set, the whole lab is timed once (lab_wall_seconds)")
 	scaling := flag.String("scaling", "1,1000,100000", "existing leases/scopes for the scaling table")
+	handoff := flag.Int("handoff-samples", 100, "handoff samples per variant (step-downs), after a warm-up one")
+	handoffPoll := flag.Int("handoff-poll-samples", 10, "handoff samples of the 2 s poller (up to 2 s each), at most -handoff-samples")
 	docs := flag.String("docs", "", "markdown file whose bench section (between <!-- bench:begin --> and <!-- bench:end -->) gets this run's report")
 	flag.Parse()
 	if *rounds < 1 {
 		fmt.Fprintf(os.Stderr, "bench: -rounds %d: must be at least 1\n", *rounds)
+		os.Exit(2)
+	}
+	if *handoffPoll < 1 || *handoffPoll > *handoff {
+		fmt.Fprintf(os.Stderr, "bench: -handoff-samples %d, -handoff-poll-samples %d: want 1 <= poll samples <= samples\n", *handoff, *handoffPoll)
 		os.Exit(2)
 	}
 	if err := flag.Set("test.benchtime", benchtime.String()); err != nil {
@@ -43,7 +50,8 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, config{stdout: os.Stdout, rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs}); err != nil {
+	if err := run(ctx, config{stdout: os.Stdout, rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs,
+		handoffSamples: *handoff, handoffPollSamples: *handoffPoll}); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
