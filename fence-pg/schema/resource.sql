@@ -45,3 +45,36 @@ BEGIN
     USING ERRCODE = 'LF001', DETAIL = floor::text;
 END
 $$;
+
+-- Token-space guard: a scope's floor never goes down and its row is never
+-- deleted, or a stale holder's token would pass again. See lease.sql for
+-- the function and the deliberate path:
+--   BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on; ...; COMMIT;
+CREATE OR REPLACE FUNCTION leasefence.refuse_token_reset() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_setting('leasefence_admin.allow_token_reset', true) = 'on' THEN
+    IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+    RETURN NEW;
+  END IF;
+  RAISE EXCEPTION 'leasefence: % on %.% refused: tokens would be issued or accepted twice', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+    USING ERRCODE = 'LF002',
+          HINT = 'tokens only grow; to reset deliberately (every holder stopped, every fence of these tokens reset too): BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on; ...; COMMIT';
+END
+$$;
+
+DO $$
+BEGIN
+  -- A foreign table of the same name (no max_token column) gets no trigger:
+  -- CheckSchema reports it, naming the column.
+  IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.fence_floor'::regclass AND attname = 'max_token' AND NOT attisdropped)
+     AND NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.fence_floor'::regclass AND tgname = 'floor_only_grows') THEN
+    CREATE TRIGGER floor_only_grows BEFORE UPDATE OF max_token ON leasefence.fence_floor
+      FOR EACH ROW WHEN (NEW.max_token < OLD.max_token) EXECUTE FUNCTION leasefence.refuse_token_reset();
+    CREATE TRIGGER floor_never_deleted BEFORE DELETE ON leasefence.fence_floor
+      FOR EACH ROW EXECUTE FUNCTION leasefence.refuse_token_reset();
+    CREATE TRIGGER floor_never_truncated BEFORE TRUNCATE ON leasefence.fence_floor
+      FOR EACH STATEMENT EXECUTE FUNCTION leasefence.refuse_token_reset();
+  END IF;
+END
+$$;

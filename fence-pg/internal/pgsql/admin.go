@@ -7,12 +7,19 @@ package pgsql
 // index.
 const MigrateLock = `SELECT pg_advisory_xact_lock(7810756276994336110)` // the bytes "leasefen" as a big-endian integer
 
-// TruncateLease empties the lease database (tests only).
-const TruncateLease = `TRUNCATE leasefence.lease`
+// AllowTokenReset is the setting a transaction turns on (SET LOCAL) to
+// delete, truncate or lower what the token-space guards protect (the
+// schema's refuse_token_reset triggers): the administrative path.
+const AllowTokenReset = "leasefence_admin.allow_token_reset"
+
+// TruncateLease empties the lease database (tests only), through the
+// administrative path: a script, for the simple query protocol.
+const TruncateLease = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on; TRUNCATE leasefence.lease; COMMIT`
 
 // TruncateResource empties the resource database, negative controls'
-// table included (tests only).
-const TruncateResource = `TRUNCATE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published RESTART IDENTITY`
+// table included (tests only), through the administrative path.
+const TruncateResource = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on;
+TRUNCATE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published RESTART IDENTITY; COMMIT`
 
 // LockWaits lists the other sessions of this database whose fence
 // statements wait for a lock (F6b observes a blocked writer through it).
