@@ -21,6 +21,11 @@ import (
 var errNoListen = fmt.Errorf("the database/sql driver cannot wait for notifications (use pgx, or pgx's stdlib driver): %w",
 	errors.ErrUnsupported)
 
+// errNotificationsOff is why WaitFree does not wait on a store made with
+// WithoutNotifications.
+var errNotificationsOff = fmt.Errorf("notifications are off (WithoutNotifications: behind a transaction pooler a LISTEN "+
+	"does not stay with the client's session): %w", errors.ErrUnsupported)
+
 const (
 	// waitSpread bounds the random time added to the holding period's
 	// remaining time, so that waiters that read the same expiry do not all
@@ -51,17 +56,19 @@ const (
 // The pgx pool (NewLeaseStore) and database/sql with pgx's stdlib driver
 // (NewLeaseStoreDB) wait this way. With lib/pq WaitFree returns an error
 // wrapping errors.ErrUnsupported at once (after the first call without a
-// round trip), and leasecore.Campaign polls. Behind a transaction pooler (PgBouncer in
-// transaction mode) a LISTEN does not stay with the session, so no release
-// is notified: WaitFree then returns only when the holding period's
-// remaining time has passed, later than a poll would notice a release. There
-// hide WaitFree from Campaign, which then polls:
+// round trip), and leasecore.Campaign polls.
 //
-//	leasecore.Campaign(ctx, struct{ leasecore.Lease }{leases}, name, holder, lead)
+// Behind a connection pooler in transaction mode (PgBouncer with
+// pool_mode=transaction) a LISTEN runs on the server connection lent for
+// that one statement and does not stay with the client, so no release
+// would wake the waiter: it would return only when the holding period's
+// remaining time had passed. Make the store with WithoutNotifications
+// there: WaitFree then returns an error wrapping errors.ErrUnsupported at
+// once, without a round trip, and Campaign polls.
 //
 // Errors: a *leasecore.ArgError for an invalid name; ctx's error when ctx
-// ends; leasecore.ErrUnavailable for connection trouble, as the other
-// operations map them.
+// ends; errors.ErrUnsupported as above; leasecore.ErrUnavailable for
+// connection trouble, as the other operations map them.
 func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 	const op = "wait free"
 	if err := leasecore.CheckName(op, "name", name); err != nil {
@@ -69,6 +76,9 @@ func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 	}
 	if err := leasecore.CheckContext(op, ctx); err != nil {
 		return err
+	}
+	if s.noNotify {
+		return fmt.Errorf("%s: %s: %w", pkg, op, errNotificationsOff)
 	}
 	if s.pool != nil {
 		c, err := s.pool.Acquire(ctx)
