@@ -517,7 +517,14 @@ func (h handoffReport) ratio(p handoffPair) float64 {
 // ratioLines writes the handoff's RATIO lines.
 func (h handoffReport) ratioLines(w io.Writer) {
 	for _, p := range handoffRatios {
-		fmt.Fprintf(w, "RATIO %s %.2f\n", p.name, h.ratio(p))
+		// Two decimals, or two significant digits for a small ratio
+		// (PostgreSQL against the poller is about 0.005).
+		v := h.ratio(p)
+		format := "RATIO %s %.2f\n"
+		if v < 0.1 {
+			format = "RATIO %s %.2g\n"
+		}
+		fmt.Fprintf(w, format, p.name, v)
 	}
 	fmt.Fprintf(w, "RATIO %s %.2f\n", handoffMsRatio, h.byName("pg_campaign").p50())
 }
