@@ -22,6 +22,7 @@ type holderSpec struct {
 	LeaseDSN    string                   `json:"lease_dsn"`
 	ResourceDSN string                   `json:"resource_dsn"`
 	Kind        conformance.ResourceKind `json:"kind"`
+	Pooler      string                   `json:"pooler,omitempty"`
 }
 
 // HolderCommand implements conformance.HolderProcesses: the running binary
@@ -35,7 +36,7 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
 	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
-		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind})
+		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind, Pooler: h.cfg.Pooler})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -61,7 +62,7 @@ func HolderMain() int {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		lease, err := leasePool.LeaseStore()
+		lease, err := leasePool.LeaseStore(Config{Pooler: spec.Pooler}.leaseOptions()...)
 		if err != nil {
 			_ = leasePool.Close()
 			return nil, nil, nil, err

@@ -59,6 +59,15 @@ type Config struct {
 	// and local, F8 crashes it with RestartImmediate; nil or an external
 	// server declares crash-and-restart absent.
 	Cluster *pgtemp.Cluster
+
+	// Pooler, when not empty, says that both DSNs go through a connection
+	// pooler in transaction mode and names it in the output ("PgBouncer
+	// 1.18.0, pool_mode=transaction"). Lease stores, the holders' too, are
+	// then made with fencepg.WithoutNotifications: a LISTEN does not stay
+	// with a client of such a pooler, so F11's campaigners poll. With pgx,
+	// the DSNs must choose a pooler-safe default_query_exec_mode (exec or
+	// simple_protocol).
+	Pooler string
 }
 
 // New returns the suite's factory for cfg. Each call of the factory opens
@@ -124,7 +133,7 @@ func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
 	}
 	h.resAdmin = resAdmin.DB()
 
-	leases, err := leaseAdmin.LeaseStore()
+	leases, err := leaseAdmin.LeaseStore(cfg.leaseOptions()...)
 	if err != nil {
 		return nil, err
 	}
@@ -164,8 +173,12 @@ func (h *harness) Traits() conformance.Traits {
 	case h.cfg.Cluster.External():
 		absent[conformance.AbilityCrashRestart] = "external server (LEASEFENCE_PG_URL): the suite does not crash a server it did not start"
 	}
+	name := "postgres/" + h.cfg.Driver
+	if h.cfg.Pooler != "" {
+		name += " behind " + h.cfg.Pooler
+	}
 	return conformance.Traits{
-		Name:      "postgres/" + h.cfg.Driver,
+		Name:      name,
 		MinTTL:    fencepg.MinTTL,
 		TokenStep: 1,
 		Absent:    absent,
@@ -179,7 +192,16 @@ func (h *harness) OpenLease(ctx context.Context) (leasecore.Lease, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.LeaseStore()
+	return c.LeaseStore(h.cfg.leaseOptions()...)
+}
+
+// leaseOptions are the options of every lease store of cfg: behind a
+// transaction pooler, no LISTEN.
+func (cfg Config) leaseOptions() []fencepg.Option {
+	if cfg.Pooler != "" {
+		return []fencepg.Option{fencepg.WithoutNotifications()}
+	}
+	return nil
 }
 
 // OpenResource implements conformance.Harness: a fenced resource on a new

@@ -2,6 +2,7 @@ package pgconformance_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -10,7 +11,14 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+// TestMain doubles as the holder process of F4 and F5 (the suite behind
+// PgBouncer re-executes this test binary with pgconformance.HolderEnv set).
+func TestMain(m *testing.M) {
+	if pgconformance.IsHolderProcess() {
+		os.Exit(pgconformance.HolderMain())
+	}
+	pgtest.Main(m)
+}
 
 func TestUnknownDriver(t *testing.T) {
 	h, err := pgconformance.New(pgconformance.Config{Driver: "odbc"})(context.Background())

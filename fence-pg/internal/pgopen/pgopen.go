@@ -86,11 +86,11 @@ func (p Pool) DB() dbx.DB {
 }
 
 // LeaseStore returns a fencepg.LeaseStore on the pool.
-func (p Pool) LeaseStore() (*fencepg.LeaseStore, error) {
+func (p Pool) LeaseStore(opts ...fencepg.Option) (*fencepg.LeaseStore, error) {
 	if p.Pgx != nil {
-		return fencepg.NewLeaseStore(p.Pgx)
+		return fencepg.NewLeaseStore(p.Pgx, opts...)
 	}
-	return fencepg.NewLeaseStoreDB(p.SQL)
+	return fencepg.NewLeaseStoreDB(p.SQL, opts...)
 }
 
 // Resource returns a fencepg.Resource on the pool.
