@@ -53,6 +53,8 @@ func checkSchemaName(op, name string) error {
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
+//
+// LeaseStore.Preflight checks them, and names any that is missing.
 func LeaseDDL(schema string) (string, error) {
 	if err := checkSchemaName("lease ddl", schema); err != nil {
 		return "", err
@@ -71,7 +73,8 @@ func LeaseDDL(schema string) (string, error) {
 //
 // (DELETE only for PruneAttempts; EXECUTE on fence_reject is granted to
 // PUBLIC by default.) The module's tests run every operation as a role
-// with exactly these grants.
+// with exactly these grants. Fence.Preflight and Resource.Preflight check
+// them (all but DELETE), and name any that is missing.
 func ResourceDDL(schema string) (string, error) {
 	if err := checkSchemaName("resource ddl", schema); err != nil {
 		return "", err
@@ -96,7 +99,10 @@ func (s *LeaseStore) Migrate(ctx context.Context) error {
 
 // CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
 // the table or column, whether the lease table is missing, out of date,
-// foreign, or not visible to this pool's role. Call it at start-up.
+// foreign, or not visible to this pool's role. Preflight runs it last,
+// after its connection, durability and privilege checks (a role without
+// privileges sees the table as missing; Preflight names the GRANT): call
+// Preflight at start-up.
 func (s *LeaseStore) CheckSchema(ctx context.Context) error {
 	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, pgsql.LeaseColumns, false)
 }

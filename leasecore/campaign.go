@@ -29,8 +29,13 @@ import (
 // Lease's Waiter when it has one, else polls (WithPollInterval). Errors that
 // may pass (ErrUnavailable, ErrLost, ErrLocalDeadline, an acquire that took
 // longer than ttl - margin) are retried after an exponential backoff with
-// jitter (WithBackoff). Any other error (ErrInvalidArgument, ErrSchema, a
-// permission error) cannot heal by retrying: Campaign returns it.
+// jitter (WithBackoff). Any other error cannot heal by retrying: Campaign
+// returns it — ErrInvalidArgument, ErrSchema (run the migration), and
+// ErrConfig, a misconfigured backend (an unknown database or role, failed
+// authentication, a missing grant, a server that is not crash-safe): the
+// configuration must change before any attempt can succeed, and a
+// deployment meets it at start-up from the backend's start-up check
+// (fencepg's Preflight) rather than in the campaign.
 //
 // Campaign returns context.Cause(ctx) once ctx ends, after lead returned and
 // the lease was released. It starts no goroutine that outlives it.

@@ -34,6 +34,13 @@ import (
 //     --max-txn-ops), a key put twice or put and deleted in one branch, an
 //     empty key, an empty operation. etcd refuses such a request before
 //     applying any of it.
+//   - Authentication and RBAC refusals wrap leasecore.ErrConfig: retrying
+//     will not help until the configuration is fixed. "user name is empty"
+//     (rpctypes.ErrUserEmpty: authentication is on and the client sent no
+//     user), "authentication failed" (rpctypes.ErrAuthFailed: a wrong user
+//     or password in clientv3.Config) and "permission denied"
+//     (rpctypes.ErrPermissionDenied: the user's roles lack read or write
+//     on the store's keys; the message gives the etcdctl grant).
 //   - gRPC code Unavailable (no leader, leader changed, server stopped,
 //     request timed out, unhealthy cluster, connection refused or lost),
 //     ResourceExhausted (too many requests, database space exceeded) and
@@ -62,6 +69,16 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 		errors.Is(err, rpctypes.ErrEmptyKey), errors.Is(err, rpctypes.ErrGRPCEmptyKey),
 		errors.Is(err, rpctypes.ErrKeyNotFound), errors.Is(err, rpctypes.ErrGRPCKeyNotFound):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrInvalidArgument, err)
+	case errors.Is(err, rpctypes.ErrUserEmpty), errors.Is(err, rpctypes.ErrGRPCUserEmpty):
+		return fmt.Errorf("%s: %w (etcd has authentication enabled and the client sent no user: "+
+			"set Username and Password in clientv3.Config): %w", prefix, leasecore.ErrConfig, err)
+	case errors.Is(err, rpctypes.ErrAuthFailed), errors.Is(err, rpctypes.ErrGRPCAuthFailed):
+		return fmt.Errorf("%s: %w (authentication failed: check Username and Password in clientv3.Config, "+
+			"and the user on the etcd cluster): %w", prefix, leasecore.ErrConfig, err)
+	case errors.Is(err, rpctypes.ErrPermissionDenied), errors.Is(err, rpctypes.ErrGRPCPermissionDenied):
+		return fmt.Errorf("%s: %w (permission denied: grant a role of this user read and write on the store's "+
+			"key prefix (WithPrefix, /leasefence by default): etcdctl role grant-permission <role> --prefix=true "+
+			"readwrite <prefix>/): %w", prefix, leasecore.ErrConfig, err)
 	}
 	code, msg := grpcCode(err)
 	switch code {

@@ -180,7 +180,12 @@ func TestMapError(t *testing.T) {
 		{"unavailable after ctx ended", cancelled, rpctypes.ErrNoLeader, context.Canceled},
 		{"gRPC canceled, ctx live", live, status.Error(codes.Canceled, "grpc: the client connection is closing"), nil},
 		{"compacted", live, rpctypes.ErrCompacted, nil},
-		{"permission denied", live, rpctypes.ErrPermissionDenied, nil},
+		{"permission denied", live, rpctypes.ErrPermissionDenied, leasecore.ErrConfig},
+		{"gRPC permission denied", live, rpctypes.ErrGRPCPermissionDenied, leasecore.ErrConfig},
+		{"authentication failed", live, rpctypes.ErrAuthFailed, leasecore.ErrConfig},
+		{"gRPC authentication failed", live, rpctypes.ErrGRPCAuthFailed, leasecore.ErrConfig},
+		{"user name empty", live, rpctypes.ErrUserEmpty, leasecore.ErrConfig},
+		{"permission denied after ctx ended", cancelled, rpctypes.ErrPermissionDenied, context.Canceled},
 		{"other", live, errors.New("boom"), nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -195,7 +200,7 @@ func TestMapError(t *testing.T) {
 				t.Errorf("%v does not wrap %v", got, tc.want)
 			}
 			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrLost, leasecore.ErrInvalidArgument,
-				context.Canceled, context.DeadlineExceeded} {
+				leasecore.ErrConfig, context.Canceled, context.DeadlineExceeded} {
 				if s != tc.want && !errors.Is(tc.err, s) && errors.Is(got, s) {
 					t.Errorf("%v wraps %v too", got, s)
 				}

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -20,12 +22,22 @@ import (
 //
 // Server errors are classified by SQLSTATE through
 // interface{ SQLState() string }, which both *pgconn.PgError (pgx) and
-// *pq.Error (lib/pq) implement:
+// *pq.Error (lib/pq) implement (PostgreSQL documentation, Appendix A,
+// "PostgreSQL Error Codes"). The SQLSTATE wins over everything else: a
+// *pgconn.ConnectError that carries the server's refusal of the session
+// (an unknown database, a failed login) is a configuration error, not a
+// connection that may come back.
 //
-//   - 57014 query_canceled: the driver cancelled the statement because ctx
-//     ended (or statement_timeout fired): wraps ctx.Err(), or
-//     context.Canceled when ctx is still live, so callers keep matching
-//     context errors whichever driver they use.
+//   - 57014 query_canceled: when ctx has ended, the driver cancelled the
+//     statement for it: wraps ctx.Err(), so callers keep matching context
+//     errors whichever driver they use. When ctx is still live and the
+//     server says "canceling statement due to statement timeout", the
+//     server's statement_timeout ended it: wraps leasecore.ErrUnavailable
+//     (the statement waited or ran longer than the role's, database's or
+//     server's statement_timeout; it may pass, or the setting is too
+//     low). Otherwise (pg_cancel_backend, or a server whose lc_messages is
+//     not English, so the message cannot be told apart) it wraps
+//     context.Canceled.
 //   - class 08 (connection exception), 57P01/57P02/57P03 (admin or crash
 //     shutdown, cannot connect now), class 53 (insufficient resources),
 //     40001/40P01 (serialization failure, deadlock): wraps
@@ -37,6 +49,16 @@ import (
 //     leasecore.ErrUnavailable — retry; nothing of the transaction stays.
 //   - 42P01 undefined_table, 42703 undefined_column: wraps
 //     leasecore.ErrSchema — Migrate has not been run.
+//   - 3D000 invalid_catalog_name (the database does not exist), 28000
+//     invalid_authorization_specification (unknown role, a role without
+//     LOGIN, no pg_hba.conf entry), 28P01 invalid_password, 42501
+//     insufficient_privilege (the message gives the GRANT the library's
+//     documentation lists for the object the server names), 42P05
+//     duplicate_prepared_statement and 26000 invalid_sql_statement_name
+//     (prepared statements lost or shared between clients: pgx's default
+//     exec mode behind PgBouncer in transaction mode): wraps
+//     leasecore.ErrConfig — retrying will not help until the
+//     configuration is fixed; the message says what to change.
 //
 // Without a SQLSTATE: context errors are kept; an error while ctx is done
 // is attributed to ctx; connection-level failures (net.Error, io.EOF,
@@ -53,27 +75,7 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 	prefix := pkg + ": " + op
 	var coded interface{ SQLState() string }
 	if errors.As(err, &coded) {
-		switch code := coded.SQLState(); {
-		case code == "57014":
-			cause := ctx.Err()
-			if cause == nil {
-				cause = context.Canceled
-			}
-			return fmt.Errorf("%s: %w: %w", prefix, cause, err)
-		case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"),
-			code == "57P01", code == "57P02", code == "57P03",
-			code == "40001", code == "40P01":
-			return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
-		case code == "55P03":
-			return fmt.Errorf("%s: %w (lock timeout: another transaction holds the lock, e.g. a holder frozen inside its fenced transaction): %w",
-				prefix, leasecore.ErrUnavailable, err)
-		case code == "25P03":
-			return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for too long): %w",
-				prefix, leasecore.ErrUnavailable, err)
-		case code == "42P01", code == "42703":
-			return fmt.Errorf("%s: %w (run Migrate): %w", prefix, leasecore.ErrSchema, err)
-		}
-		return fmt.Errorf("%s: %w", prefix, err)
+		return mapSQLState(ctx, prefix, op, coded.SQLState(), serverMessage(err), err)
 	}
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -86,6 +88,116 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
+}
+
+// The server's messages MapError tells apart within one SQLSTATE
+// (src/backend/tcop/postgres.c, ProcessInterrupts). They are English
+// unless the server's lc_messages says otherwise.
+const msgStatementTimeout = "canceling statement due to statement timeout"
+
+// pgBouncerHint is the fix for prepared statements that collide or vanish.
+const pgBouncerHint = "prepared statements of this connection are not the driver's own: " +
+	"typically pgx's default exec mode (cache_statement) behind PgBouncer in transaction mode, " +
+	"which hands each transaction another server connection; set default_query_exec_mode=exec " +
+	"(or simple_protocol) in the DSN, or pgx.ConnConfig.DefaultQueryExecMode, " +
+	"or use PgBouncer 1.21+ with max_prepared_statements, or session mode"
+
+func mapSQLState(ctx context.Context, prefix, op, code, msg string, err error) error {
+	switch {
+	case code == "57014":
+		cause := ctx.Err()
+		switch {
+		case cause != nil:
+		case strings.Contains(msg, msgStatementTimeout):
+			return fmt.Errorf("%s: %w (the server's statement_timeout ended the statement: "+
+				"it ran or waited for a lock longer than the statement_timeout of this role, database or server; "+
+				"raise statement_timeout, or find what holds the lock): %w",
+				prefix, leasecore.ErrUnavailable, err)
+		default:
+			cause = context.Canceled
+		}
+		return fmt.Errorf("%s: %w: %w", prefix, cause, err)
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"),
+		code == "57P01", code == "57P02", code == "57P03",
+		code == "40001", code == "40P01":
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
+	case code == "55P03":
+		return fmt.Errorf("%s: %w (lock_timeout: the statement waited longer than lock_timeout for a lock another transaction holds, "+
+			"e.g. a holder frozen inside its fenced transaction; retry, or raise lock_timeout): %w",
+			prefix, leasecore.ErrUnavailable, err)
+	case code == "25P03":
+		return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for longer than idle_in_transaction_session_timeout): %w",
+			prefix, leasecore.ErrUnavailable, err)
+	case code == "42P01", code == "42703":
+		return fmt.Errorf("%s: %w (run Migrate): %w", prefix, leasecore.ErrSchema, err)
+	case code == "3D000":
+		return fmt.Errorf("%s: %w (the database does not exist: check the database name in the DSN, or create the database): %w",
+			prefix, leasecore.ErrConfig, err)
+	case code == "28000":
+		return fmt.Errorf("%s: %w (the server refused this role: check the user name in the DSN, "+
+			"that the role exists and has LOGIN, and that pg_hba.conf lets it connect from here): %w",
+			prefix, leasecore.ErrConfig, err)
+	case code == "28P01":
+		return fmt.Errorf("%s: %w (authentication failed: check the password in the DSN, PGPASSWORD or .pgpass, "+
+			"and the role's password on the server): %w",
+			prefix, leasecore.ErrConfig, err)
+	case code == "42501":
+		return fmt.Errorf("%s: %w (permission denied: %s): %w", prefix, leasecore.ErrConfig, grantHint(op, msg), err)
+	case code == "42P05", code == "26000":
+		return fmt.Errorf("%s: %w (%s): %w", prefix, leasecore.ErrConfig, pgBouncerHint, err)
+	}
+	return fmt.Errorf("%s: %w", prefix, err)
+}
+
+// serverMessage returns the primary message of the server's error in err,
+// from either driver, or "". lib/pq's *pq.Error is read through its Get
+// method (the fields would need an import of lib/pq, which would register
+// its driver in every program that uses pgx only).
+func serverMessage(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Message
+	}
+	var fields interface{ Get(k byte) string }
+	if errors.As(err, &fields) {
+		return fields.Get('M')
+	}
+	return ""
+}
+
+// grantHint says which grant a 42501 asks for, from the object the
+// server's message names ("permission denied for table lease"; "relation"
+// before PostgreSQL 11). The library's tables get the grants LeaseDDL and
+// ResourceDDL document. The server names the object without its schema
+// and MapError knows neither the store's schema nor the role: the hint
+// spells the default schema and "this role"; Preflight names both.
+func grantHint(op, msg string) string {
+	if op == "migrate" {
+		return "Migrate creates the schema and its tables: run it as their owner (a role that may create them), " +
+			"or apply LeaseDDL / ResourceDDL with your migration tool"
+	}
+	kind, name, ok := strings.Cut(strings.TrimPrefix(msg, "permission denied for "), " ")
+	if !ok || !strings.HasPrefix(msg, "permission denied for ") {
+		return "grant this role the privilege the server's message names"
+	}
+	inSchema := "; with WithSchema, that schema instead of " + pgsql.DefaultSchema
+	switch kind {
+	case "database":
+		return fmt.Sprintf("GRANT CONNECT ON DATABASE %s TO this role", name)
+	case "schema":
+		return fmt.Sprintf("GRANT USAGE ON SCHEMA %s TO this role", name)
+	case "table", "relation":
+		if privs, ok := RuntimeGrants[name]; ok {
+			return fmt.Sprintf("GRANT %s ON %s.%s TO this role%s", privs, pgsql.DefaultSchema, name, inSchema)
+		}
+		return fmt.Sprintf("grant this role the privileges it needs on table %s (GRANT ... ON %s TO this role)", name, name)
+	case "function":
+		if name == "fence_reject" {
+			return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.fence_reject TO this role%s", pgsql.DefaultSchema, inSchema)
+		}
+		return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO this role", name)
+	}
+	return fmt.Sprintf("grant this role what it needs on %s %s", kind, name)
 }
 
 func isConnectionError(err error) bool {

@@ -73,7 +73,7 @@ func TestMapError(t *testing.T) {
 			if tc.want != nil && !errors.Is(got, tc.want) {
 				t.Errorf("%v does not wrap %v", got, tc.want)
 			}
-			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrSchema, context.Canceled, context.DeadlineExceeded} {
+			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrSchema, leasecore.ErrConfig, context.Canceled, context.DeadlineExceeded} {
 				if s != tc.want && !errors.Is(tc.err, s) && errors.Is(got, s) {
 					t.Errorf("%v wraps %v too", got, s)
 				}
@@ -85,5 +85,78 @@ func TestMapError(t *testing.T) {
 	}
 	if MapError(live, "fencepg", "acquire", nil) != nil {
 		t.Error("MapError(nil) != nil")
+	}
+}
+
+// TestMapErrorConfig: the configuration errors and the server's timeouts,
+// as each driver reports them, get their sentinel and a message that says
+// what to change. The real server's errors are tested in package fencepg
+// (config_test.go).
+func TestMapErrorConfig(t *testing.T) {
+	live := context.Background()
+	expired, cancel := context.WithDeadline(live, time.Now().Add(-time.Second))
+	defer cancel()
+	pgErr := func(code, msg string) error { return &pgconn.PgError{Severity: "ERROR", Code: code, Message: msg} }
+	pqErr := func(code, msg string) error { return &pq.Error{Code: pqerror.Code(code), Message: msg} }
+	for _, tc := range []struct {
+		name  string
+		ctx   context.Context
+		op    string
+		err   error
+		want  error
+		words []string
+	}{
+		{"pgx unknown database", live, "acquire", pgErr("3D000", `database "x" does not exist`), leasecore.ErrConfig,
+			[]string{"database does not exist", "DSN"}},
+		{"pq unknown role", live, "acquire", pqErr("28000", `role "x" does not exist`), leasecore.ErrConfig,
+			[]string{"user name in the DSN", "LOGIN", "pg_hba.conf"}},
+		{"pgx wrong password", live, "acquire", pgErr("28P01", `password authentication failed for user "x"`), leasecore.ErrConfig,
+			[]string{"password in the DSN"}},
+		{"pgx no usage on schema", live, "acquire", pgErr("42501", "permission denied for schema leasefence"), leasecore.ErrConfig,
+			[]string{"GRANT USAGE ON SCHEMA leasefence TO this role"}},
+		{"pq lease table", live, "acquire", pqErr("42501", "permission denied for table lease"), leasecore.ErrConfig,
+			[]string{"GRANT SELECT, INSERT, UPDATE ON leasefence.lease TO this role", "WithSchema"}},
+		{"pgx relation (PostgreSQL 10)", live, "write", pgErr("42501", "permission denied for relation write_attempt"), leasecore.ErrConfig,
+			[]string{"GRANT SELECT, INSERT, DELETE ON leasefence.write_attempt TO this role"}},
+		{"pgx fence_reject", live, "send batch", pgErr("42501", "permission denied for function fence_reject"), leasecore.ErrConfig,
+			[]string{"GRANT EXECUTE ON FUNCTION leasefence.fence_reject TO this role"}},
+		{"pq the caller's table", live, "run tx", pqErr("42501", "permission denied for table job_run"), leasecore.ErrConfig,
+			[]string{"privileges it needs on table job_run"}},
+		{"pgx database", live, "acquire", pgErr("42501", "permission denied for database lease"), leasecore.ErrConfig,
+			[]string{"GRANT CONNECT ON DATABASE lease TO this role"}},
+		{"pgx migrate", live, "migrate", pgErr("42501", "permission denied for schema leasefence"), leasecore.ErrConfig,
+			[]string{"run it as their owner", "LeaseDDL"}},
+		{"pgx other 42501", live, "acquire", pgErr("42501", "must be owner of table lease"), leasecore.ErrConfig,
+			[]string{"permission denied"}},
+		{"pgx duplicate prepared statement", live, "acquire", pgErr("42P05", `prepared statement "stmtcache_1" already exists`),
+			leasecore.ErrConfig, []string{"default_query_exec_mode=exec", "PgBouncer in transaction mode", "DefaultQueryExecMode"}},
+		{"pgx prepared statement gone", live, "renew", pgErr("26000", `prepared statement "stmtcache_1" does not exist`),
+			leasecore.ErrConfig, []string{"default_query_exec_mode=exec", "simple_protocol"}},
+		{"pgx statement timeout", live, "acquire", pgErr("57014", "canceling statement due to statement timeout"),
+			leasecore.ErrUnavailable, []string{"statement_timeout"}},
+		{"pq statement timeout", live, "acquire", pqErr("57014", "canceling statement due to statement timeout"),
+			leasecore.ErrUnavailable, []string{"statement_timeout"}},
+		{"statement timeout after ctx ended", expired, "acquire", pgErr("57014", "canceling statement due to statement timeout"),
+			context.DeadlineExceeded, nil},
+		{"pg_cancel_backend", live, "acquire", pqErr("57014", "canceling statement due to user request"), context.Canceled, nil},
+		{"pq lock timeout", live, "write", pqErr("55P03", "canceling statement due to lock timeout"), leasecore.ErrUnavailable,
+			[]string{"lock_timeout"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := MapError(tc.ctx, "fencepg", tc.op, tc.err)
+			if !errors.Is(got, tc.err) || !errors.Is(got, tc.want) {
+				t.Fatalf("%v: want it to wrap %v and the driver's error", got, tc.want)
+			}
+			for _, s := range []error{leasecore.ErrUnavailable, leasecore.ErrSchema, leasecore.ErrConfig, context.Canceled, context.DeadlineExceeded} {
+				if s != tc.want && errors.Is(got, s) {
+					t.Errorf("%v wraps %v too", got, s)
+				}
+			}
+			for _, w := range append(tc.words, "fencepg: "+tc.op+": ") {
+				if !strings.Contains(got.Error(), w) {
+					t.Errorf("message %q lacks %q", got, w)
+				}
+			}
+		})
 	}
 }
