@@ -13,9 +13,10 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// RunHolder is the holder process of F4 and F5: the report job's instance
-// as a separate OS process, driven by its parent one line at a time. It
-// reads commands from in and answers on out, until EXIT or the end of in:
+// RunHolder is the holder process of F4, F5 and F12: the report job's
+// instance as a separate OS process, driven by its parent one line at a
+// time. It reads commands from in and answers on out, until EXIT or the end
+// of in:
 //
 //	ACQUIRE <name> <holder> <ttl> <renew-interval> <margin>
 //	    -> ACQUIRED token=N | NOT_ACQUIRED <reason>
@@ -40,13 +41,47 @@ import (
 //	    -> RELEASED ok=B
 //	EXIT
 //
-// Background renewals are reported as they happen, as lines starting with
-// "EVENT ". Errors are answered with "ERROR <text>" and end nothing. A
-// backend's test binary runs RunHolder when re-executed as a holder (see
-// HolderProcesses), and so does the lab with its holder subcommand.
+// F12 runs the holder as a leader instead, with leasecore.Campaign in the
+// background (no ACQUIRE in the same process). Times are Unix nanoseconds
+// by this process's clock, which the parent on the same machine compares
+// with its own:
+//
+//	CAMPAIGN <name> <holder> <ttl> <renew-interval> <margin>
+//	    -> LEADING token=N deadline=D granted=G | CAMPAIGN_ENDED err=<sentinel>
+//	    starts the campaign and answers once it is elected. D is the
+//	    session's local deadline, after which the lead context ends (an
+//	    estimate no earlier than the session's own until the first renewal,
+//	    exact afterwards); G is when the winning Acquire returned. The lead
+//	    function blocks until its context ends or STEP_DOWN.
+//	AWAIT_LEADING
+//	    -> LEADING ... | CAMPAIGN_ENDED err=<sentinel>
+//	    the campaign's next election (after a lost term the campaign goes on)
+//	DEADLINE
+//	    -> DEADLINE token=N deadline=D
+//	    the current term's local deadline; it moves with every renewal
+//	AWAIT_LEAD_END
+//	    -> LEAD_ENDED token=N deadline=D at=T cause=<sentinel>
+//	    the next end of a lead context: context.Cause's sentinel
+//	    (ErrLocalDeadline, ErrLost), the local deadline the term had then,
+//	    and when the lead function saw its context end
+//	STEP_DOWN
+//	    -> CAMPAIGN_ENDED err=<sentinel>
+//	    the lead function returns nil; Campaign releases the lease and
+//	    returns, and the answer carries its result. Send it while leading.
+//	WRITE <scope> <part> <content...>
+//	    while campaigning, writes with the latest term's token, with no
+//	    check: after a lost term that token is stale, and the stale write
+//	    is what F12 shows the resource rejecting
+//
+// Background renewals, elections and ends of lead contexts are reported as
+// they happen, as lines starting with "EVENT ". Errors are answered with
+// "ERROR <text>" and end nothing. A backend's test binary runs RunHolder
+// when re-executed as a holder (see HolderProcesses), and so does the lab
+// with its holder subcommand.
 func RunHolder(ctx context.Context, lease leasecore.Lease, res leasecore.FencedResource, in io.Reader, out io.Writer) error {
 	h := &holderProcess{lease: lease, res: res, out: out}
 	defer h.closeSession(context.WithoutCancel(ctx))
+	defer h.stopCampaign()
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64*1024), leasecore.MaxContentLen+1024)
 	for sc.Scan() {
@@ -69,6 +104,7 @@ type holderProcess struct {
 	out   io.Writer
 
 	sess *leasecore.Session
+	camp *holderCampaign
 }
 
 // say writes one line; the renewal goroutine writes too.
@@ -82,6 +118,13 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 	switch cmd {
 	case "ACQUIRE":
 		return h.acquire(ctx, strings.Fields(rest))
+	case "CAMPAIGN":
+		return h.campaign(ctx, strings.Fields(rest))
+	case "AWAIT_LEADING", "DEADLINE", "AWAIT_LEAD_END", "STEP_DOWN":
+		if h.camp == nil {
+			return errors.New("no campaign: CAMPAIGN first")
+		}
+		return h.camp.do(ctx, cmd)
 	case "CHECK":
 		s, err := h.session()
 		if err != nil {
@@ -108,6 +151,9 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 		}
 		h.say("PREPARED accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
 	case "WRITE", "WRITE_AND_RENEW":
+		if cmd == "WRITE_AND_RENEW" && h.sess == nil {
+			return errors.New("no session: ACQUIRE first")
+		}
 		w, err := h.parseWrite("WRITE", rest)
 		if err != nil {
 			return err
@@ -146,11 +192,17 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 }
 
 // parseWrite parses "<scope> <part> <content...>" into a write with the
-// session's holder and token.
+// session's holder and token, or the campaign's latest.
 func (h *holderProcess) parseWrite(cmd, rest string) (leasecore.Write, error) {
-	s, err := h.session()
-	if err != nil {
-		return leasecore.Write{}, err
+	var g leasecore.Grant
+	if h.camp != nil {
+		g = h.camp.grant()
+	} else {
+		s, err := h.session()
+		if err != nil {
+			return leasecore.Write{}, err
+		}
+		g = s.Grant()
 	}
 	f := strings.SplitN(rest, " ", 3)
 	if len(f) < 2 {
@@ -160,13 +212,12 @@ func (h *holderProcess) parseWrite(cmd, rest string) (leasecore.Write, error) {
 	if len(f) == 3 {
 		content = f[2]
 	}
-	g := s.Grant()
 	return leasecore.Write{Scope: f[0], Part: f[1], Content: content, Writer: g.Holder, Token: g.Token}, nil
 }
 
 func (h *holderProcess) acquire(ctx context.Context, f []string) error {
-	if h.sess != nil {
-		return errors.New("already holding a session")
+	if h.sess != nil || h.camp != nil {
+		return errors.New("already holding a session or campaigning")
 	}
 	if len(f) != 5 {
 		return errors.New("want: ACQUIRE <name> <holder> <ttl> <renew-interval> <margin>")
@@ -212,4 +263,177 @@ func (h *holderProcess) closeSession(ctx context.Context) error {
 	}
 	err := h.sess.Close(ctx)
 	return err
+}
+
+// holderCampaign is a holder process's leasecore.Campaign (CAMPAIGN). The
+// campaign's goroutines report to the command loop over channels; the
+// loop answers the parent's commands from them.
+type holderCampaign struct {
+	h           *holderProcess
+	holder      string
+	ttl, margin time.Duration
+	net         *netLease // stamps the Acquires, for the deadline estimate and G
+
+	cancel   context.CancelFunc
+	stepDown chan struct{} // closed by STEP_DOWN
+	stepOnce sync.Once
+	terms    chan holderTerm    // each election, in order
+	ends     chan holderLeadEnd // each end of a lead context, in order
+	done     chan struct{}      // closed when Campaign returned
+	err      error              // Campaign's result, once done is closed
+
+	mu       sync.Mutex
+	token    leasecore.Token // the latest term's
+	deadline time.Time       // the latest term's local deadline
+}
+
+type holderTerm struct {
+	token             leasecore.Token
+	deadline, granted time.Time
+}
+
+type holderLeadEnd struct {
+	token        leasecore.Token
+	cause        error
+	deadline, at time.Time
+}
+
+func (h *holderProcess) campaign(ctx context.Context, f []string) error {
+	if h.sess != nil || h.camp != nil {
+		return errors.New("already holding a session or campaigning")
+	}
+	if len(f) != 5 {
+		return errors.New("want: CAMPAIGN <name> <holder> <ttl> <renew-interval> <margin>")
+	}
+	var d [3]time.Duration
+	for i, s := range f[2:] {
+		var err error
+		if d[i], err = time.ParseDuration(s); err != nil {
+			return err
+		}
+	}
+	n, lease := wrapNet(h.lease)
+	cctx, cancel := context.WithCancel(ctx)
+	hc := &holderCampaign{h: h, holder: f[1], ttl: d[0], margin: d[2], net: n, cancel: cancel,
+		stepDown: make(chan struct{}),
+		terms:    make(chan holderTerm, 16), ends: make(chan holderLeadEnd, 16), done: make(chan struct{})}
+	h.camp = hc
+	go func() {
+		defer close(hc.done)
+		hc.err = leasecore.Campaign(cctx, lease, f[0], f[1], hc.lead,
+			leasecore.WithSessionOptions(leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2]),
+				leasecore.WithRenewObserver(hc.renewed)))
+	}()
+	return hc.do(ctx, "AWAIT_LEADING")
+}
+
+// lead is the campaign's function: it leads until its context ends or the
+// parent says STEP_DOWN, doing nothing meanwhile; the parent's WRITE
+// commands are its work.
+func (hc *holderCampaign) lead(ctx context.Context, token leasecore.Token) error {
+	st := hc.net.acquired(token)
+	hc.mu.Lock()
+	if hc.token != token {
+		// Until the first renewal reports the session's own deadline, use
+		// the Acquire's send time: it is later than the reading the session
+		// took before the same request, so the estimate is never earlier
+		// than the real deadline.
+		hc.token, hc.deadline = token, st.sent.Add(hc.ttl-hc.margin)
+	}
+	deadline := hc.deadline
+	hc.mu.Unlock()
+	hc.h.say("EVENT LEADING token=%d", token)
+	hc.terms <- holderTerm{token, deadline, st.returned}
+	select {
+	case <-hc.stepDown:
+		return nil
+	case <-ctx.Done():
+	}
+	at := time.Now()
+	cause := context.Cause(ctx)
+	hc.mu.Lock()
+	deadline = hc.deadline
+	hc.mu.Unlock()
+	hc.h.say("EVENT LEAD_ENDED token=%d cause=%s", token, causeKind(cause))
+	hc.ends <- holderLeadEnd{token, cause, deadline, at}
+	return cause
+}
+
+// renewed tracks the session's local deadline, which only its renewals
+// report.
+func (hc *holderCampaign) renewed(ev leasecore.RenewEvent) {
+	if ev.Err != nil {
+		hc.h.say("EVENT RENEWED ok=false %v", ev.Err)
+		return
+	}
+	hc.mu.Lock()
+	if ev.Grant.Token == hc.token {
+		hc.deadline = ev.Deadline
+	}
+	hc.mu.Unlock()
+	hc.h.say("EVENT RENEWED ok=true token=%d", ev.Grant.Token)
+}
+
+// grant is what a WRITE carries: the latest term's holder and token.
+func (hc *holderCampaign) grant() leasecore.Grant {
+	hc.mu.Lock()
+	defer hc.mu.Unlock()
+	return leasecore.Grant{Holder: hc.holder, Token: hc.token}
+}
+
+func (hc *holderCampaign) do(ctx context.Context, cmd string) error {
+	ended := func() { hc.h.say("CAMPAIGN_ENDED err=%s", causeKind(hc.err)) }
+	switch cmd {
+	case "AWAIT_LEADING":
+		select {
+		case t := <-hc.terms:
+			hc.h.say("LEADING token=%d deadline=%d granted=%d", t.token, t.deadline.UnixNano(), t.granted.UnixNano())
+		case <-hc.done:
+			ended()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case "DEADLINE":
+		hc.mu.Lock()
+		token, deadline := hc.token, hc.deadline
+		hc.mu.Unlock()
+		hc.h.say("DEADLINE token=%d deadline=%d", token, deadline.UnixNano())
+	case "AWAIT_LEAD_END":
+		select {
+		case e := <-hc.ends:
+			hc.h.say("LEAD_ENDED token=%d deadline=%d at=%d cause=%s", e.token, e.deadline.UnixNano(), e.at.UnixNano(), causeKind(e.cause))
+		case <-hc.done:
+			ended()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	case "STEP_DOWN":
+		hc.stepOnce.Do(func() { close(hc.stepDown) })
+		select {
+		case <-hc.done:
+			ended()
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// stopCampaign ends a campaign still running when the holder exits:
+// Campaign releases the lease before it returns.
+func (h *holderProcess) stopCampaign() {
+	if h.camp == nil {
+		return
+	}
+	h.camp.cancel()
+	<-h.camp.done
+}
+
+// causeKind is errKind that also names ErrLocalDeadline, the cause of a
+// lead context that ended at the session's local deadline.
+func causeKind(err error) string {
+	if errors.Is(err, leasecore.ErrLocalDeadline) {
+		return "ErrLocalDeadline"
+	}
+	return errKind(err)
 }

@@ -39,6 +39,8 @@ var cases = []testCase{
 	{"F7u", "F7u_user_data_granularity", "fence granularity, fencing the suite's own tables/keys: a stale holder's rows for a part the new holder never wrote are rejected", caseF7u},
 	{"F10u", "F10u_user_data_advance", "advance, fencing the suite's own tables/keys: the new holder raises the floor without writing; the old holder's rows are rejected", caseF10u},
 	{"F11", "F11_campaign_handoff", "leader election with leasecore.Campaign: four campaigners, the leader steps down, exactly one waiter takes over with a larger token; the hand-off time is measured", caseF11},
+	{"F12", "F12_frozen_leader_handoff", "leader election across a frozen leader: A, a separate process leading under leasecore.Campaign, is frozen with SIGSTOP; a waiter takes over with a larger token; A's late write is rejected; A's campaign leads again after the new leader steps down", caseF12},
+	{"F13", "F13_partitioned_leader", "a leader that loses the lease while its function runs: A's network is cut; its lead context ends at its local deadline, before B is granted the lease; A's campaign leads again after B steps down", caseF13},
 	{"X1", "X1_bad_input", "bad input: every entry point names the bad field, wraps the sentinel and changes nothing", caseX1},
 }
 
