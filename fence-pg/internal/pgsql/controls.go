@@ -55,7 +55,12 @@ const ReadPublished = `SELECT content, writer, token, published_at FROM leasefen
 
 // SetFloor sets the floor of scope $1 to $2 unconditionally: the
 // check-then-write control's second step, which can move it backwards.
-const SetFloor = `INSERT INTO leasefence.fence_floor AS f (scope, max_token) VALUES ($1, $2)
+// The naive design it models has no guard on its floor, so it takes the
+// administrative path past the schema's (AllowTokenReset, for its own
+// transaction only); with the guard, the backwards move would be refused
+// and the control would no longer show the race.
+const SetFloor = `INSERT INTO leasefence.fence_floor AS f (scope, max_token)
+SELECT $1::text, $2::bigint WHERE set_config('` + AllowTokenReset + `', 'on', true) IS NOT NULL
   ON CONFLICT (scope) DO UPDATE SET max_token = EXCLUDED.max_token`
 
 // UpsertPart writes the part unconditionally: the check-then-write
