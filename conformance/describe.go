@@ -53,6 +53,7 @@ var sentinels = []struct {
 	{leasecore.ErrHeld, "ErrHeld"},
 	{leasecore.ErrUnavailable, "ErrUnavailable"},
 	{leasecore.ErrSchema, "ErrSchema"},
+	{leasecore.ErrConfig, "ErrConfig"},
 	{leasecore.ErrClosed, "ErrClosed"},
 }
 

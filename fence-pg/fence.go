@@ -229,8 +229,8 @@ func (f *Fence) Migrate(ctx context.Context) error {
 // CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
 // the table or column, whether the fence's tables in its schema are missing,
 // out of date, foreign (another table of the same name), or not visible to
-// this pool's role. A deployment calls it at start-up so a misconfigured
-// one fails there and not at its first write.
+// this pool's role. Preflight runs it after checking the connection, the
+// server's durability and the role's grants: call Preflight at start-up.
 func (f *Fence) CheckSchema(ctx context.Context) error {
 	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, true)
 }

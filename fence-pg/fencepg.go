@@ -13,7 +13,9 @@
 // ("leasefence") unless WithSchema names another, so they never collide
 // with the application's. Migrate creates them; LeaseDDL and ResourceDDL
 // give the same DDL to a migration tool, with the grants a runtime role
-// needs; CheckSchema reports missing or foreign tables at start-up.
+// needs; Preflight, at start-up, checks the connection, the durability
+// the tokens need (fsync), the runtime role's grants and the tables
+// (CheckSchema: missing, foreign or out of date).
 //
 // Every lease operation is one statement in autocommit mode, sent in one
 // request. The stores take a pool — a *pgxpool.Pool (pgx/v5) or a *sql.DB
@@ -30,7 +32,10 @@
 // nothing sent), leasecore.ErrHeld and leasecore.ErrLost (through a
 // *leasecore.HoldError), leasecore.ErrUnavailable (connection lost, server
 // shutting down: the operation may or may not have taken effect),
-// leasecore.ErrSchema (run Migrate), and the context's error. Messages of
+// leasecore.ErrSchema (run Migrate), leasecore.ErrConfig (a deployment
+// that retrying will not fix: unknown database or role, authentication,
+// a missing grant, pgx's default exec mode behind a transaction pooler,
+// fsync off), and the context's error. Messages of
 // errors from the database start with "fencepg: <op>: ".
 //
 // After an error wrapping leasecore.ErrUnavailable or a context error the
