@@ -111,3 +111,30 @@ func (f *fixture) floorRow(t *testing.T, scope string) string {
 	}
 	return row
 }
+
+// TestCheckSchemaWantsTheGuards: a schema migrated before the token-space
+// guards existed (here: one dropped) is out of date, and CheckSchema says
+// so with ErrSchema naming the trigger; Migrate puts it back.
+func TestCheckSchemaWantsTheGuards(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFixture(t, driver)
+		ctx := context.Background()
+		if _, err := f.leaseDB.Exec(ctx, `DROP TRIGGER lease_never_deleted ON leasefence.lease`); err != nil {
+			t.Fatal(err)
+		}
+		err := f.leases.CheckSchema(ctx)
+		if !errors.Is(err, leasecore.ErrSchema) || !strings.Contains(err.Error(), "lacks its token-space guard (trigger lease_never_deleted)") {
+			t.Fatalf("CheckSchema without a guard: %v, want ErrSchema naming lease_never_deleted", err)
+		}
+		// Migrate repairs it.
+		if err := f.leases.Migrate(ctx); err != nil {
+			t.Fatalf("Migrate on a schema missing a guard: %v", err)
+		}
+		if _, err := f.leases.Acquire(ctx, "report-job", "holder-a", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.leaseDB.Exec(ctx, `DELETE FROM leasefence.lease`); err == nil {
+			t.Error("after Migrate a delete of the leases succeeded: the guard was not put back")
+		}
+	})
+}

@@ -32,16 +32,23 @@ BEGIN
 END
 $$;
 
+-- Each trigger is created when missing, so Migrate also repairs a schema
+-- where one was dropped. A foreign table of the same name (no token column)
+-- gets none: CheckSchema reports it, naming the column.
 DO $$
 BEGIN
-  -- A foreign table of the same name (no token column) gets no trigger:
-  -- CheckSchema reports it, naming the column.
-  IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'token' AND NOT attisdropped)
-     AND NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.lease'::regclass AND tgname = 'lease_token_only_grows') THEN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'token' AND NOT attisdropped) THEN
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.lease'::regclass AND tgname = 'lease_token_only_grows') THEN
     CREATE TRIGGER lease_token_only_grows BEFORE UPDATE OF token ON leasefence.lease
       FOR EACH ROW WHEN (NEW.token < OLD.token) EXECUTE FUNCTION leasefence.refuse_token_reset();
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.lease'::regclass AND tgname = 'lease_never_deleted') THEN
     CREATE TRIGGER lease_never_deleted BEFORE DELETE ON leasefence.lease
       FOR EACH ROW EXECUTE FUNCTION leasefence.refuse_token_reset();
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.lease'::regclass AND tgname = 'lease_never_truncated') THEN
     CREATE TRIGGER lease_never_truncated BEFORE TRUNCATE ON leasefence.lease
       FOR EACH STATEMENT EXECUTE FUNCTION leasefence.refuse_token_reset();
   END IF;

@@ -63,16 +63,23 @@ BEGIN
 END
 $$;
 
+-- Each trigger is created when missing, so Migrate also repairs a schema
+-- where one was dropped. A foreign table of the same name (no max_token column)
+-- gets none: CheckSchema reports it, naming the column.
 DO $$
 BEGIN
-  -- A foreign table of the same name (no max_token column) gets no trigger:
-  -- CheckSchema reports it, naming the column.
-  IF EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.fence_floor'::regclass AND attname = 'max_token' AND NOT attisdropped)
-     AND NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.fence_floor'::regclass AND tgname = 'floor_only_grows') THEN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.fence_floor'::regclass AND attname = 'max_token' AND NOT attisdropped) THEN
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.fence_floor'::regclass AND tgname = 'floor_only_grows') THEN
     CREATE TRIGGER floor_only_grows BEFORE UPDATE OF max_token ON leasefence.fence_floor
       FOR EACH ROW WHEN (NEW.max_token < OLD.max_token) EXECUTE FUNCTION leasefence.refuse_token_reset();
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.fence_floor'::regclass AND tgname = 'floor_never_deleted') THEN
     CREATE TRIGGER floor_never_deleted BEFORE DELETE ON leasefence.fence_floor
       FOR EACH ROW EXECUTE FUNCTION leasefence.refuse_token_reset();
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.fence_floor'::regclass AND tgname = 'floor_never_truncated') THEN
     CREATE TRIGGER floor_never_truncated BEFORE TRUNCATE ON leasefence.fence_floor
       FOR EACH STATEMENT EXECUTE FUNCTION leasefence.refuse_token_reset();
   END IF;

@@ -44,6 +44,19 @@ var (
 const Columns = `SELECT table_name::text, column_name::text, data_type::text
   FROM information_schema.columns WHERE table_schema = $1::text`
 
+// GuardTriggers are the token-space guards the schema files create, per
+// table (see refuse_token_reset in schema/lease.sql).
+var GuardTriggers = map[string][]string{
+	"lease":       {"lease_never_deleted", "lease_never_truncated", "lease_token_only_grows"},
+	"fence_floor": {"floor_never_deleted", "floor_never_truncated", "floor_only_grows"},
+}
+
+// Triggers lists the user triggers of table $2 in schema $1, sorted and
+// comma-separated.
+const Triggers = `SELECT coalesce(string_agg(t.tgname::text, ',' ORDER BY t.tgname), '')
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = $1::text AND c.relname = $2::text AND NOT t.tgisinternal`
+
 // HasFenceReject reports whether schema $1 has the fence_reject function.
 const HasFenceReject = `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
   WHERE n.nspname = $1::text AND p.proname = 'fence_reject')`

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
@@ -80,6 +81,30 @@ func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsq
 		case typ != c.Type:
 			return fmt.Errorf("%s: %s: %w: column %s.%s.%s is %s, want %s: the table is out of date or not the library's",
 				pkg, op, leasecore.ErrSchema, schema, c.Table, c.Name, typ, c.Type)
+		}
+	}
+	// The token-space guards: a schema migrated before they existed lacks
+	// them, and then nothing stops a reset of the tokens.
+	checked := map[string]bool{}
+	for _, c := range want {
+		guards, ok := pgsql.GuardTriggers[c.Table]
+		if !ok || checked[c.Table] {
+			continue
+		}
+		checked[c.Table] = true
+		var have string
+		if err := db.QueryRow(ctx, pgsql.Triggers, schema, c.Table).Scan(&have); err != nil {
+			return MapError(ctx, pkg, op, err)
+		}
+		present := map[string]bool{}
+		for _, name := range strings.Split(have, ",") {
+			present[name] = true
+		}
+		for _, g := range guards {
+			if !present[g] {
+				return fmt.Errorf("%s: %s: %w: table %s.%s lacks its token-space guard (trigger %s): the schema is out of date (run Migrate)",
+					pkg, op, leasecore.ErrSchema, schema, c.Table, g)
+			}
 		}
 	}
 	if needReject {
