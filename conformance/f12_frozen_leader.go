@@ -180,7 +180,7 @@ func (c *caseRun) leadingLine(what, line string) holderLeading {
 		tok    leasecore.Token
 		dl, gr int64
 	)
-	if _, err := fmt.Sscanf(line, "LEADING token=%d deadline=%d granted=%d", &tok, &dl, &gr); err != nil {
+	if !scanned(line, "LEADING token=%d deadline=%d granted=%d", &tok, &dl, &gr) {
 		c.Fatalf("%s: reply %q", what, line)
 	}
 	return holderLeading{tok, time.Unix(0, dl), time.Unix(0, gr)}
@@ -199,7 +199,7 @@ func (c *caseRun) leadEndLine(what, line string) holderLeadEndLine {
 		tok    leasecore.Token
 		dl, at int64
 	)
-	if _, err := fmt.Sscanf(head, "LEAD_ENDED token=%d deadline=%d at=%d", &tok, &dl, &at); err != nil || !ok {
+	if !ok || !scanned(head, "LEAD_ENDED token=%d deadline=%d at=%d", &tok, &dl, &at) {
 		c.Fatalf("%s: reply %q", what, line)
 	}
 	return holderLeadEndLine{tok, time.Unix(0, dl), time.Unix(0, at), cause}

@@ -86,7 +86,10 @@ func caseF13(ctx context.Context, c *caseRun, h Harness) {
 	c.record(a.holder, "network restored")
 	c.Check("I1", "B is the only leader while A's network is back", g.active.Load() == 1 && g.maxActive.Load() == 1,
 		"1 leader", fmt.Sprintf("%d now, at most %d", g.active.Load(), g.maxActive.Load()))
-	sleep(ctx, renew) // A's campaign finds the lease held by B and waits
+	// Let A's campaign find the lease held by B and wait, as a leader
+	// back from a partition does; B's step-down then wakes it. (Without
+	// the pause A would simply take the free lease on its next attempt.)
+	sleep(ctx, renew)
 	close(b.down)
 	bEnd := b.end(c, ttl+5*time.Second, "B steps down")
 	c.record(b.holder, "stepped down")
