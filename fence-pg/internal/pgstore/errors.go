@@ -99,7 +99,9 @@ const msgStatementTimeout = "canceling statement due to statement timeout"
 const pgBouncerHint = "prepared statements of this connection are not the driver's own: " +
 	"typically pgx's default exec mode (cache_statement) behind PgBouncer in transaction mode, " +
 	"which hands each transaction another server connection; set default_query_exec_mode=exec " +
-	"(or simple_protocol) in the DSN, or pgx.ConnConfig.DefaultQueryExecMode, " +
+	"(or simple_protocol) in the DSN, or pgx.ConnConfig.DefaultQueryExecMode; " +
+	"with lib/pq, which prepares an unnamed statement in one round trip and runs it in the next, " +
+	"set binary_parameters=yes in the DSN (one round trip); " +
 	"or use PgBouncer 1.21+ with max_prepared_statements, or session mode"
 
 func mapSQLState(ctx context.Context, prefix, op, code, msg string, err error) error {
