@@ -22,6 +22,16 @@
 // atomic operation (UserDataResources). F4m is their negative control, a
 // fenced marker first and the rows second, losing to a frozen holder.
 //
+// Cases F11, F12 and F13 elect a leader with leasecore.Campaign: a hand-off
+// after the leader steps down (exactly one of several waiters takes over,
+// with a larger token), after the leader's process is frozen with SIGSTOP
+// (the next leader within the TTL and the waiters' bound, the frozen
+// leader's context over by its own clock before the new grant, its late
+// write rejected, its campaign leading again later with a larger token),
+// and after the leader's network is cut while its function runs (its
+// context ends with the loss as cause, before the other campaigner is
+// granted the lease).
+//
 // Case X1 checks the input rule of every entry point instead: bad input is
 // rejected with an error that names the field and wraps the sentinel, and
 // changes nothing. Its rows are exported (BadInputCalls), so a backend's

@@ -75,7 +75,7 @@ const (
 	AbilityCommitGap        Ability = "commit gap"        // CommitGapResources (F6b)
 	AbilityLockWaitProbe    Ability = "lock-wait probe"   // LockWaitProbe (F6b)
 	AbilityNegativeControls Ability = "negative controls" // NegativeControls (F5, F6a, F7, F9)
-	AbilityHolderProcesses  Ability = "holder processes"  // HolderProcesses (F4, F5)
+	AbilityHolderProcesses  Ability = "holder processes"  // HolderProcesses (F4, F5, F4u, F4m, F12)
 	AbilityCrashRestart     Ability = "crash and restart" // CrashRestarter (F8)
 	AbilityUserData         Ability = "user data"         // UserDataResources (F1u, F4u, F4m, F6u, F7u, F10u, X1)
 )
@@ -162,7 +162,7 @@ const (
 )
 
 // HolderProcesses is an optional interface that may be implemented by a
-// Harness (F4, F5; F4u and F4m with UserDataResources). The command it
+// Harness (F4, F5, F12; F4u and F4m with UserDataResources). The command it
 // returns runs RunHolder in a separate OS process connected to the same
 // lease service and to the resource of kind, which it opens the way the
 // harness opens it for the suite (the same storage, the same attempt
