@@ -128,3 +128,4 @@ else
   say "or set LEASEFENCE_PGBOUNCER to the pgbouncer program."
   exit 1
 fi
+"$(dirname "$0")/ensure-docker.sh" # Docker engine (no bridge network) and the local image for pgtemp's Docker provider tests

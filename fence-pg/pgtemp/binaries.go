@@ -16,7 +16,8 @@ import (
 const installHint = "Debian/Ubuntu: apt-get install -y postgresql (as root); " +
 	"Fedora/RHEL: dnf install postgresql-server; " +
 	"macOS: brew install postgresql@16; " +
-	"or set LEASEFENCE_PG_BINDIR to the directory holding initdb and postgres"
+	"or set LEASEFENCE_PG_BINDIR to the directory holding initdb and postgres; " +
+	"or, with a Docker engine, set LEASEFENCE_PG_DOCKER=1 to run PostgreSQL in a container"
 
 // binaries are the two server programs pgtemp runs. They always come from one directory: an
 // initdb of one major version writes a data directory that a postgres of another refuses.

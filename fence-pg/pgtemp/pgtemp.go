@@ -7,10 +7,22 @@
 // relies on WAL recovery to bring back every acknowledged commit, which a cluster tuned for speed
 // would silently lose.
 //
-// Two providers exist. By default a cluster is created with initdb from local PostgreSQL server
-// binaries and run as a child process on a loopback port. If the environment variable
-// LEASEFENCE_PG_URL holds a postgres:// URL of a superuser on an existing server, that server is
-// used instead: nothing is started, and [Cluster.RestartImmediate] reports [ErrNotSupported].
+// Three providers exist, and which one runs a cluster is chosen explicitly, never by what
+// happens to be installed or reachable:
+//
+//   - Docker: with the option [WithDocker], or when the environment variable LEASEFENCE_PG_DOCKER
+//     is set ("1" for [DefaultDockerImage], otherwise the image to run, such as
+//     [LocalDockerImage]), the cluster runs in a container of the Docker engine named by
+//     DOCKER_HOST (default: the local socket), with the host's network, listening on 127.0.0.1,
+//     its data directory bind-mounted from this machine. The API is the same as for a local
+//     cluster, RestartImmediate included. If no engine answers, Start fails with [ErrNoDocker].
+//     The option wins over both environment variables; both variables set is an error.
+//   - External: if LEASEFENCE_PG_URL holds a postgres:// URL of a superuser on an existing
+//     server, that server is used: nothing is started, and [Cluster.RestartImmediate] reports
+//     [ErrNotSupported].
+//   - Local, otherwise: a cluster is created with initdb from local PostgreSQL server binaries
+//     and run as a child process on a loopback port. Without binaries, Start fails with
+//     [ErrNoBinaries]; it does not switch to Docker by itself.
 package pgtemp
 
 import (
@@ -70,14 +82,19 @@ type config struct {
 	binDir   string
 	log      io.Writer
 	settings []setting
+
+	// docker and dockerImage are WithDocker's (docker_options.go).
+	docker      bool
+	dockerImage string
 }
 
 // setting is one server parameter given with WithSetting.
 type setting struct{ name, value string }
 
 // WithPort makes the cluster listen on the given port of 127.0.0.1 instead of a free port picked
-// by the kernel. If the port is taken, Start fails with an error wrapping ErrPortInUse. Port 0
-// means the default. The external provider ignores it.
+// by the kernel (for the Docker provider too: the container shares the host's network). If the
+// port is taken, Start fails with an error wrapping ErrPortInUse. Port 0 means the default. The
+// external provider ignores it.
 func WithPort(port int) Option {
 	return func(c *config) { c.port = port }
 }
@@ -112,8 +129,8 @@ func WithLog(w io.Writer) Option {
 	}
 }
 
-// Cluster is a running PostgreSQL server: a throwaway local cluster, or an external server
-// named by LEASEFENCE_PG_URL. Its methods are safe for concurrent use.
+// Cluster is a running PostgreSQL server: a throwaway local cluster, a throwaway cluster in a
+// Docker container, or an external server named by LEASEFENCE_PG_URL. Its methods are safe for concurrent use.
 type Cluster struct {
 	logMu sync.Mutex
 	log   io.Writer
@@ -123,9 +140,10 @@ type Cluster struct {
 	version    string
 	versionNum int
 
-	// Exactly one of local and external is set.
+	// Exactly one of local, external and docker is set.
 	local    *server
 	external *externalServer
+	docker   *dockerServer
 
 	// dbMu serializes CreateDatabase: CREATE DATABASE copies template1 and concurrent copies
 	// can fail with "source database is being accessed by other users".
@@ -151,9 +169,6 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("pgtemp: start: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
-	defer cancel()
-
 	if cfg.port < 0 || cfg.port > 65535 {
 		return nil, fmt.Errorf("pgtemp: WithPort(%d): not a TCP port: %w", cfg.port, ErrInvalidOption)
 	}
@@ -163,7 +178,27 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 		}
 	}
 
+	useDocker, image, err := cfg.dockerChoice()
+	if err != nil {
+		return nil, err
+	}
+
 	c := &Cluster{log: cfg.log}
+	if useDocker {
+		// Not under startTimeout yet: pulling an image may take longer; startDocker applies it
+		// to the start proper.
+		d, info, err := startDocker(ctx, cfg, image, c.logf)
+		if err != nil {
+			return nil, err
+		}
+		c.docker = d
+		c.host, c.port = loopback, d.port()
+		c.version, c.versionNum = info.version, info.versionNum
+		return c, nil
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
 	if raw := getenv(envURL); raw != "" {
 		if len(cfg.settings) > 0 {
 			return nil, fmt.Errorf("pgtemp: WithSetting(%q) needs a cluster pgtemp starts, not %s: %w",
@@ -247,8 +282,12 @@ func (c *Cluster) DSN(database string) string {
 func (c *Cluster) Version() string { return c.version }
 
 // DataDir returns the cluster's data directory, or "" for an external server. The server log,
-// postgres.log, is next to it.
+// postgres.log, is next to it. For a cluster in a Docker container it is a directory of this
+// machine, mounted at the same path in the container.
 func (c *Cluster) DataDir() string {
+	if c.docker != nil {
+		return c.docker.dataDirPath()
+	}
 	if c.local == nil {
 		return ""
 	}
@@ -296,6 +335,9 @@ func (c *Cluster) CreateDatabase(ctx context.Context, name string) error {
 // again; downtime is the time from SIGQUIT to ready. On error the cluster may be left down; Stop
 // still cleans up.
 //
+// In a Docker container the postmaster is the container's PID 1: SIGQUIT ends it and the
+// container, which is then started again on the same data directory (bind-mounted) and port.
+//
 // For an external server it returns an error wrapping ErrNotSupported.
 func (c *Cluster) RestartImmediate(ctx context.Context) (downtime time.Duration, err error) {
 	if c.external != nil {
@@ -311,10 +353,14 @@ func (c *Cluster) RestartImmediate(ctx context.Context) (downtime time.Duration,
 	}
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
+	if c.docker != nil {
+		return c.docker.restartImmediate(ctx)
+	}
 	return c.local.restartImmediate(ctx)
 }
 
-// Stop shuts the server down and removes its files; for an external server it drops the
+// Stop shuts the server down and removes its files (and its container, for the Docker
+// provider); for an external server it drops the
 // databases this Cluster created (best effort). It is idempotent and safe to call concurrently:
 // later calls wait for the first and return its result.
 func (c *Cluster) Stop() error {
@@ -327,6 +373,10 @@ func (c *Cluster) Stop() error {
 	if c.external != nil {
 		c.external.stop(c.versionNum)
 		return nil
+	}
+	if c.docker != nil {
+		c.stopErr = c.docker.shutdown()
+		return c.stopErr
 	}
 	c.stopErr = c.local.shutdown()
 	return c.stopErr

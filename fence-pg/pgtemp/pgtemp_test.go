@@ -24,9 +24,11 @@ import (
 // These tests run real PostgreSQL binaries; a machine without them fails (see ErrNoBinaries for
 // what to install) rather than skipping.
 
-// localOnly makes the test use the local provider even when LEASEFENCE_PG_URL is set.
+// localOnly makes the test use the local provider even when LEASEFENCE_PG_URL or
+// LEASEFENCE_PG_DOCKER is set.
 func localOnly(t *testing.T) {
 	t.Setenv(envURL, "")
+	t.Setenv(envDocker, "")
 }
 
 // testLog forwards progress lines to the test log, which is where the timings appear.
