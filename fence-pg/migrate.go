@@ -19,6 +19,8 @@ var (
 	leaseSchema string
 	//go:embed schema/resource.sql
 	resourceSchema string
+	//go:embed schema/guard.sql
+	guardSchema string
 )
 
 // DefaultSchema is the PostgreSQL schema the library's tables live in
@@ -82,9 +84,10 @@ func ResourceDDL(schema string) (string, error) {
 	return ddl(resourceSchema, schema), nil
 }
 
-// ddl is script in schema, preceded by the schema's creation.
+// ddl is script in schema, preceded by the schema's creation and the
+// token-space guard function its triggers call.
 func ddl(script, schema string) string {
-	return "CREATE SCHEMA IF NOT EXISTS " + schema + ";\n" + pgsql.InSchema(script, schema)
+	return "CREATE SCHEMA IF NOT EXISTS " + schema + ";\n" + pgsql.InSchema(guardSchema+"\n"+script, schema)
 }
 
 // Migrate creates the lease table in the lease database if it does not

@@ -47,22 +47,8 @@ END
 $$;
 
 -- Token-space guard: a scope's floor never goes down and its row is never
--- deleted, or a stale holder's token would pass again. See lease.sql for
--- the function and the deliberate path:
---   BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on; ...; COMMIT;
-CREATE OR REPLACE FUNCTION leasefence.refuse_token_reset() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-  IF current_setting('leasefence_admin.allow_token_reset', true) = 'on' THEN
-    IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
-    RETURN NEW;
-  END IF;
-  RAISE EXCEPTION 'leasefence: % on %.% refused: tokens would be issued or accepted twice', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
-    USING ERRCODE = 'LF002',
-          HINT = 'tokens only grow; to reset deliberately (every holder stopped, every fence of these tokens reset too): BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on; ...; COMMIT';
-END
-$$;
-
+-- deleted, or a stale holder's token would pass again (refuse_token_reset,
+-- in guard.sql, gives the deliberate path).
 -- Each trigger is created when missing, so Migrate also repairs a schema
 -- where one was dropped. A foreign table of the same name (no max_token column)
 -- gets none: CheckSchema reports it, naming the column.

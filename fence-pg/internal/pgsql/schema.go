@@ -45,7 +45,7 @@ const Columns = `SELECT table_name::text, column_name::text, data_type::text
   FROM information_schema.columns WHERE table_schema = $1::text`
 
 // GuardTriggers are the token-space guards the schema files create, per
-// table (see refuse_token_reset in schema/lease.sql).
+// table (see refuse_token_reset in schema/guard.sql).
 var GuardTriggers = map[string][]string{
 	"lease":       {"lease_never_deleted", "lease_never_truncated", "lease_token_only_grows"},
 	"fence_floor": {"floor_never_deleted", "floor_never_truncated", "floor_only_grows"},
