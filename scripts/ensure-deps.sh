@@ -8,7 +8,7 @@
 #   - As root: an unprivileged OS user `postgres`, because PostgreSQL refuses
 #     to run as root.
 #   - PgBouncer (the pgbouncer program): the conformance suite also runs behind
-#     it in pool_mode=transaction (fence-pg/internal/pgbouncertest starts its
+#     it in pool_mode=transaction (fence-pg/tests/internal/pgbouncertest starts its
 #     own process on a free 127.0.0.1 port). Installed with apt-get as root on
 #     Debian/Ubuntu, with the package's own service kept from starting;
 #     otherwise we say what to install.
@@ -78,7 +78,7 @@ if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
   useradd --system --home-dir /var/lib/postgresql --shell /usr/sbin/nologin postgres
 fi
 
-# The same search order as fence-pg/internal/pgbouncertest.
+# The same search order as fence-pg/tests/internal/pgbouncertest.
 find_pgbouncer() {
   local p
   if [ -n "${LEASEFENCE_PGBOUNCER:-}" ]; then

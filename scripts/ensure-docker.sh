@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ensure-docker.sh: a Docker engine and the image that pgtemp's Docker provider is tested with
-# (fence-pg/conformance_docker_test.go, fence-pg/pgtemp/docker_test.go). Called by
+# (fence-pg/tests/conformance_docker_test.go, fence-pg/pgtemp/docker_test.go). Called by
 # scripts/ensure-deps.sh, so by `make test` and `make lab`; safe to run again (it only does what
 # is missing).
 #

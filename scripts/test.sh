@@ -5,7 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-modules=(leasecore conformance fence-pg fence-etcd examples/lease-fencing)
+# Every module go.work lists (gomodtest checks that no go.mod is missing there).
+mapfile -t modules < <(sed -n 's#^[[:space:]]*\./\([^[:space:]]*\)$#\1#p' go.work)
+if [ "${#modules[@]}" -eq 0 ]; then
+  echo "test.sh: no modules found in go.work" >&2
+  exit 1
+fi
 
 unformatted=$(gofmt -l "${modules[@]}")
 if [ -n "$unformatted" ]; then

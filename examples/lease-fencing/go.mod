@@ -3,11 +3,15 @@ module github.com/leasefence/leasefence/examples/lease-fencing
 go 1.26.8
 
 require (
-	github.com/jackc/pgx/v5 v5.12.0
-	github.com/leasefence/leasefence/conformance v0.0.0
-	github.com/leasefence/leasefence/fence-etcd v0.0.0
-	github.com/leasefence/leasefence/fence-pg v0.0.0
-	github.com/leasefence/leasefence/leasecore v0.0.0
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/leasefence/leasefence/conformance v0.1.0
+	github.com/leasefence/leasefence/fence-etcd v0.1.0
+	github.com/leasefence/leasefence/fence-etcd/etcdconformance v0.1.0
+	github.com/leasefence/leasefence/fence-etcd/etcdtemp v0.1.0
+	github.com/leasefence/leasefence/fence-pg v0.1.0
+	github.com/leasefence/leasefence/fence-pg/pgconformance v0.1.0
+	github.com/leasefence/leasefence/fence-pg/pgtemp v0.1.0
+	github.com/leasefence/leasefence/leasecore v0.1.0
 	go.etcd.io/etcd/client/v3 v3.7.3
 )
 
@@ -45,6 +49,7 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
+	github.com/leasefence/leasefence/fence-pg/internal/pgopen v0.1.0 // indirect
 	github.com/lib/pq v1.12.3 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
@@ -104,6 +109,11 @@ require (
 replace (
 	github.com/leasefence/leasefence/conformance => ../../conformance
 	github.com/leasefence/leasefence/fence-etcd => ../../fence-etcd
+	github.com/leasefence/leasefence/fence-etcd/etcdconformance => ../../fence-etcd/etcdconformance
+	github.com/leasefence/leasefence/fence-etcd/etcdtemp => ../../fence-etcd/etcdtemp
 	github.com/leasefence/leasefence/fence-pg => ../../fence-pg
+	github.com/leasefence/leasefence/fence-pg/internal/pgopen => ../../fence-pg/internal/pgopen
+	github.com/leasefence/leasefence/fence-pg/pgconformance => ../../fence-pg/pgconformance
+	github.com/leasefence/leasefence/fence-pg/pgtemp => ../../fence-pg/pgtemp
 	github.com/leasefence/leasefence/leasecore => ../../leasecore
 )

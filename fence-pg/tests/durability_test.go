@@ -1,0 +1,199 @@
+package fencepg_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgtemp"
+	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// TestDurableOnAsyncCommitCluster: on a cluster whose default is
+// synchronous_commit = off, the lease store and the fence still make their
+// own commits durable. Under load (acquire/release loops and floor
+// advances), the server is stopped immediately; after recovery, every
+// token the store acknowledged is still issued (the next acquire of each
+// name gets a larger one: no token is issued twice) and every floor
+// advance it acknowledged is still in force.
+//
+// wal_writer_delay is at its maximum (10 s), so an asynchronous commit is
+// flushed only by a later synchronous one or a full WAL buffer. The
+// control shows that the cluster does lose acknowledged commits: plain
+// autocommit updates, acknowledged after the last synchronous commit, are
+// gone after the crash. Without the control passing, the test would
+// prove nothing.
+func TestDurableOnAsyncCommitCluster(t *testing.T) {
+	cluster := pgtemp.StartTB(t,
+		pgtemp.WithSetting("synchronous_commit", "off"),
+		pgtemp.WithSetting("wal_writer_delay", "10s"))
+	ctx := t.Context()
+	for _, db := range []string{"lease_async", "res_async"} {
+		if err := cluster.CreateDatabase(ctx, db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, driver := range pgopen.Drivers {
+		t.Run(driver, func(t *testing.T) {
+			leasePool := pgtest.Open(t, driver, cluster.DSN("lease_async"), 8)
+			resPool := pgtest.Open(t, driver, cluster.DSN("res_async"), 8)
+			leases, err := leasePool.LeaseStore()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := leases.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var fence *fencepg.Fence
+			if resPool.Pgx != nil {
+				fence, err = fencepg.NewFence(resPool.Pgx)
+			} else {
+				fence, err = fencepg.NewFenceDB(resPool.SQL)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := fence.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			control := controlCounter(t, cluster.DSN("res_async"), driver)
+
+			const workers = 4
+			acked := make([]leasecore.Token, workers)    // the largest token each name was acknowledged
+			advanced := make([]leasecore.Token, workers) // the largest floor each scope was acknowledged
+			loadCtx, stopLoad := context.WithTimeout(ctx, 800*time.Millisecond)
+			var wg sync.WaitGroup
+			for w := range workers {
+				name, scope := fmt.Sprintf("%s-job-%d", driver, w), fmt.Sprintf("%s-scope-%d", driver, w)
+				wg.Go(func() {
+					for loadCtx.Err() == nil {
+						g, err := leases.Acquire(loadCtx, name, "holder", time.Minute)
+						if err != nil {
+							return
+						}
+						acked[w] = g.Token
+						res, err := fence.Advance(loadCtx, leasecore.Claim{Scope: scope, Writer: "holder", Token: g.Token})
+						if err != nil || !res.Accepted {
+							return
+						}
+						advanced[w] = g.Token
+						if err := leases.Release(loadCtx, g); err != nil {
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			stopLoad()
+			// Plain asynchronous commits, acknowledged after the store's
+			// last durable one.
+			controlAcked := control.bump(t, 20)
+
+			if _, err := cluster.RestartImmediate(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			if got := control.read(t); got >= controlAcked {
+				t.Fatalf("control: the counter is %d after the crash, %d increments were acknowledged: this cluster lost no asynchronous commit, so the test proves nothing", got, controlAcked)
+			} else {
+				t.Logf("control: %d plain increments acknowledged, %d survived the crash (synchronous_commit=off really loses commits here)", controlAcked, got)
+			}
+			for w := range workers {
+				name, scope := fmt.Sprintf("%s-job-%d", driver, w), fmt.Sprintf("%s-scope-%d", driver, w)
+				if acked[w] == 0 {
+					t.Fatalf("%s: the load acquired nothing", name)
+				}
+				// The pools' connections died with the server: the first
+				// statements may fail with ErrUnavailable before the pools
+				// reconnect.
+				// The row's token is the last one issued: the next acquire
+				// issues one more. Below an acknowledged token, that
+				// token would be issued twice.
+				var st leasecore.LeaseState
+				err := afterCrash(ctx, func() (err error) {
+					st, err = leases.Inspect(ctx, name)
+					return err
+				})
+				if err != nil {
+					t.Fatalf("%s: inspect after the crash: %v", name, err)
+				}
+				if st.Token < acked[w] {
+					t.Errorf("%s: the last token issued is %d after the crash, but token %d was acknowledged before it: tokens %d..%d would be issued twice", name, st.Token, acked[w], st.Token+1, acked[w])
+				}
+				var floor leasecore.Token
+				err = afterCrash(ctx, func() (err error) {
+					floor, err = fence.Floor(ctx, scope)
+					return err
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if floor < advanced[w] {
+					t.Errorf("%s: floor %d after the crash, but an advance to %d was acknowledged before it", scope, floor, advanced[w])
+				}
+				t.Logf("%s: last acknowledged token %d, last issued after the crash %d; %s floor %d (acknowledged %d)", name, acked[w], st.Token, scope, floor, advanced[w])
+			}
+		})
+	}
+}
+
+// counter is the control: a row incremented by plain autocommit updates,
+// which run with the cluster's synchronous_commit = off.
+type counter struct {
+	pool  *pgxpool.Pool
+	table string
+}
+
+func controlCounter(t *testing.T, dsn, suffix string) counter {
+	t.Helper()
+	c := counter{pgtest.Open(t, pgopen.Pgx, dsn, 2).Pgx, "control_" + suffix}
+	if _, err := c.pool.Exec(t.Context(), `CREATE TABLE `+c.table+` (n bigint NOT NULL); INSERT INTO `+c.table+` VALUES (0)`); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// bump increments the counter n times, each its own acknowledged commit,
+// and returns the value acknowledged last.
+func (c counter) bump(t *testing.T, n int) int64 {
+	t.Helper()
+	var v int64
+	for range n {
+		if err := c.pool.QueryRow(t.Context(), `UPDATE `+c.table+` SET n = n + 1 RETURNING n`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return v
+}
+
+func (c counter) read(t *testing.T) int64 {
+	t.Helper()
+	var v int64
+	err := afterCrash(t.Context(), func() error {
+		return c.pool.QueryRow(t.Context(), `SELECT n FROM `+c.table).Scan(&v)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// afterCrash runs f until it succeeds, at most a few times: the first
+// statements on a pool whose server restarted fail on dead connections.
+func afterCrash(ctx context.Context, f func() error) error {
+	var err error
+	for range 5 {
+		if err = f(); err == nil || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return err
+}

@@ -1,0 +1,159 @@
+package pgconformance_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgbouncertest"
+	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// TestFenceTimeoutsBehindPgBouncer: the lock_timeout and
+// idle_in_transaction_session_timeout that RunTx and RunSQLTx set with
+// set_config(..., true) are transaction-local, so they work behind a
+// transaction pooler and do not leak to the next transaction on the same
+// server connection (another client's, behind a pooler): inside the
+// transaction they hold the configured values, after it the server's; a
+// writer behind a held floor lock gives up after the lock timeout
+// (ErrUnavailable), and a transaction left idle is ended by the server
+// after the idle timeout (ErrUnavailable, nothing committed), after which
+// the pool goes on through the pooler. Two server connections, so that the
+// lock holder and the writer each have one and every client reuses them.
+func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
+	cluster := pgtest.Cluster(t)
+	bouncer := pgbouncertest.StartTB(t, cluster, pgbouncertest.WithPoolSize(2))
+	for _, pc := range poolerConfigs {
+		t.Run(pc.driver, func(t *testing.T) {
+			ctx := context.Background()
+			db := "timeouts_" + pc.driver
+			if err := cluster.CreateDatabase(ctx, db); err != nil {
+				t.Fatal(err)
+			}
+			pool := pgtest.Open(t, pc.driver, bouncer.DSN(db, pc.params...), 4)
+			const lockTimeout, idleTimeout = 300 * time.Millisecond, 500 * time.Millisecond
+			fence := newFence(t, pool, fencepg.WithTimeouts(lockTimeout, idleTimeout))
+			if err := fence.Migrate(ctx); err != nil {
+				t.Fatal(err)
+			}
+			const scope = "report"
+			if _, err := fence.Advance(ctx, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}); err != nil {
+				t.Fatal(err)
+			}
+
+			// Inside the fenced transaction: the configured values.
+			var lock, idle string
+			res, err := runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, func(q querier) error {
+				return q.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle)
+			})
+			if err != nil || !res.Accepted {
+				t.Fatalf("fenced transaction: %+v, %v", res, err)
+			}
+			if lock != "300ms" || idle != "500ms" {
+				t.Errorf("inside the fenced transaction behind the pooler: lock_timeout=%s idle_in_transaction_session_timeout=%s, want 300ms and 500ms", lock, idle)
+			}
+			// After it, on every server connection: the server's values.
+			for i := range 4 {
+				if err := pool.DB().QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle); err != nil {
+					t.Fatal(err)
+				}
+				if lock != "0" || idle != "0" {
+					t.Errorf("statement %d after the fenced transaction: lock_timeout=%s idle_in_transaction_session_timeout=%s, want the server's 0 and 0: the settings leaked past the transaction", i, lock, idle)
+				}
+			}
+
+			// A writer behind a held floor lock gives up after the lock timeout.
+			holder := pgtest.Open(t, pc.driver, bouncer.DSN(db, pc.params...), 1)
+			tx, err := holder.DB().Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM leasefence.fence_floor WHERE scope = $1 FOR UPDATE`, scope); err != nil {
+				t.Fatal(err)
+			}
+			t0 := time.Now()
+			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
+			waited := time.Since(t0)
+			if err := tx.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !errors.Is(err, leasecore.ErrUnavailable) || !strings.Contains(err.Error(), "lock timeout") {
+				t.Fatalf("a writer behind a held floor lock: %v, want ErrUnavailable (lock timeout)", err)
+			}
+			if waited < lockTimeout || waited > 5*time.Second {
+				t.Errorf("the writer gave up after %v, want about the lock timeout %v", waited, lockTimeout)
+			}
+
+			// A transaction idle longer than the idle timeout is ended by the
+			// server; nothing of it commits.
+			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error {
+				time.Sleep(idleTimeout + time.Second)
+				return nil
+			})
+			if !errors.Is(err, leasecore.ErrUnavailable) {
+				t.Fatalf("a fenced transaction idle for %v with idle_in_transaction_session_timeout %v: %v, want ErrUnavailable",
+					idleTimeout+time.Second, idleTimeout, err)
+			}
+			t.Logf("idle transaction behind the pooler: %v", err)
+			if floor, err := fence.Floor(ctx, scope); err != nil || floor != 1 {
+				t.Fatalf("floor after the ended transaction: %d, %v, want 1 (nothing committed)", floor, err)
+			}
+			res, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
+			if err != nil || !res.Accepted {
+				t.Fatalf("the next fenced transaction through the pooler: %+v, %v", res, err)
+			}
+		})
+	}
+}
+
+// querier is what a test's transaction function needs of either driver's
+// transaction.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) interface{ Scan(...any) error }
+}
+
+type pgxQuerier struct{ tx pgx.Tx }
+
+func (q pgxQuerier) QueryRow(ctx context.Context, s string, args ...any) interface{ Scan(...any) error } {
+	return q.tx.QueryRow(ctx, s, args...)
+}
+
+type sqlQuerier struct{ tx *sql.Tx }
+
+func (q sqlQuerier) QueryRow(ctx context.Context, s string, args ...any) interface{ Scan(...any) error } {
+	return q.tx.QueryRowContext(ctx, s, args...)
+}
+
+// runTx is RunTx on a fence made on a pgx pool, RunSQLTx on one made on
+// database/sql.
+func runTx(ctx context.Context, p pgopen.Pool, f *fencepg.Fence, c leasecore.Claim, fn func(querier) error) (leasecore.Result, error) {
+	if p.Pgx != nil {
+		return f.RunTx(ctx, c, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+	}
+	return f.RunSQLTx(ctx, c, func(tx *sql.Tx) error { return fn(sqlQuerier{tx}) })
+}
+
+func newFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Fence {
+	t.Helper()
+	var (
+		f   *fencepg.Fence
+		err error
+	)
+	if p.Pgx != nil {
+		f, err = fencepg.NewFence(p.Pgx, opts...)
+	} else {
+		f, err = fencepg.NewFenceDB(p.SQL, opts...)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
