@@ -19,6 +19,7 @@ type Batch struct {
 	Scope  string
 	Writer string
 	Token  Token
+	Space  string // the token's space (Grant.Space); optional, see Claim.Space
 	Parts  []PartContent
 }
 
@@ -36,7 +37,7 @@ type BatchWriter interface {
 	WriteBatch(ctx context.Context, b Batch) (Result, error)
 }
 
-// CheckBatch validates a batch: scope, writer and token as for a Write,
+// CheckBatch validates a batch: scope, writer, token and space as for a Write,
 // 1 to MaxBatchParts parts with distinct valid names, each content valid,
 // and all content together at most MaxContentLen bytes.
 func CheckBatch(ctx context.Context, b Batch) error {
@@ -48,6 +49,9 @@ func CheckBatch(ctx context.Context, b Batch) error {
 		return err
 	}
 	if err := CheckToken(op, b.Token); err != nil {
+		return err
+	}
+	if err := CheckSpace(op, b.Space); err != nil {
 		return err
 	}
 	if len(b.Parts) == 0 || len(b.Parts) > MaxBatchParts {

@@ -37,6 +37,10 @@ import (
 // deployment meets it at start-up from the backend's start-up check
 // (fencepg's Preflight) rather than in the campaign.
 //
+// The context lead gets also carries the session's grant: LeadGrant(ctx)
+// returns it, and LeadGrant(ctx).Claim(scope) is the claim to write under,
+// token space included (see Claim.Space).
+//
 // Campaign returns context.Cause(ctx) once ctx ends, after lead returned and
 // the lease was released. It starts no goroutine that outlives it.
 func Campaign(ctx context.Context, lease Lease, name, holder string,
@@ -261,7 +265,7 @@ func (c *campaign) leadOnce(ctx context.Context, sess *Session) (done bool, err 
 		}
 	}()
 	c.emit(CampaignEvent{Kind: CampaignElected, Token: token})
-	lctx, cancel := context.WithCancelCause(ctx)
+	lctx, cancel := context.WithCancelCause(context.WithValue(ctx, leadGrantKey{}, sess.Grant()))
 	defer cancel(nil)
 	stop := context.AfterFunc(sess.Context(), func() { cancel(context.Cause(sess.Context())) })
 	defer stop()
@@ -323,4 +327,17 @@ func (c *campaign) waitFree(ctx context.Context) bool {
 		return sleep(ctx, c.sess.clock, d)
 	}
 	return sleep(ctx, c.sess.clock, jitter(c.cfg.poll))
+}
+
+// leadGrantKey is the context key of the grant a Campaign's lead runs
+// under.
+type leadGrantKey struct{}
+
+// LeadGrant returns the grant under which a Campaign called lead with ctx
+// (or a context derived from it); ok is false for any other context. Its
+// Name, Holder, Token, TTL and Space stay valid while lead runs; Start is
+// the acquire's (renewals move the session's, not this copy's).
+func LeadGrant(ctx context.Context) (g Grant, ok bool) {
+	g, ok = ctx.Value(leadGrantKey{}).(Grant)
+	return g, ok
 }

@@ -23,6 +23,12 @@
 // Correctness rests on I2 and I3 together; I1 only keeps most of the work
 // from being done twice.
 //
+// Tokens are comparable only within one lease service (one token space):
+// a scope is fenced by exactly one lease service. Grants name their space
+// (Grant.Space), claims built with Grant.Claim or Session.Claim carry it,
+// and a fence that stored the space with the floor reports a rejection by a
+// floor from another space as ErrTokenSpace rather than as a stale token.
+//
 // The typical call sequence is:
 //
 //	sess, err := leasecore.NewSession(ctx, leases, "daily-report", "holder-a",

@@ -48,6 +48,21 @@ var (
 	// retry loop (Campaign) returns it instead of retrying; a deployment
 	// should meet it at start-up, from the backend's start-up check.
 	ErrConfig = errors.New("leasecore: backend misconfigured")
+
+	// ErrTokenSpace: a fence rejected a claim because the scope's floor
+	// was set by a token from another lease service — another token space
+	// (Grant.Space, Claim.Space). The rule: a scope is fenced by exactly
+	// one lease service. Tokens are comparable only within one lease name
+	// of one service: etcd revisions in the millions and PostgreSQL tokens
+	// 1, 2, ... say nothing about each other, so a scope moved from one
+	// service to the other rejects every write of the service with the
+	// smaller tokens, forever, as if each were stale. Fences report it
+	// only where they know both spaces (the claim's Space and the space
+	// stored with the floor when it was raised), as a *TokenSpaceError
+	// that also wraps ErrConfig: retrying does not help until the scope is
+	// fenced by one service again. A stale token of the floor's own space
+	// is an ordinary rejection, without an error.
+	ErrTokenSpace = errors.New("leasecore: token from another lease service")
 )
 
 // ArgError describes one bad input. It wraps ErrInvalidArgument.
@@ -92,3 +107,42 @@ func (e *HoldError) Error() string {
 
 // Unwrap returns ErrHeld or ErrLost.
 func (e *HoldError) Unwrap() error { return e.Err }
+
+// TokenSpaceError is a fence's rejection of a claim by a floor that a token
+// of another token space set (see ErrTokenSpace). The fence's Result says
+// rejected as for any stale token; this error, returned with it, says that
+// the claim is not stale but from the wrong lease service. It wraps
+// ErrTokenSpace and ErrConfig.
+type TokenSpaceError struct {
+	Op    string // "check", "run tx", "write", ...
+	Scope string
+	Token Token  // the claim's token
+	Space string // the claim's token space
+	// Floor is the scope's floor whose space is FloorSpace, as read after
+	// the rejection: the floor that rejected Token, or a larger one that
+	// raised it since.
+	Floor      Token
+	FloorSpace string
+}
+
+func (e *TokenSpaceError) Error() string {
+	return fmt.Sprintf("%s: %s scope %q: token %d from token space %q is below floor %d, which a token from token space %q set: "+
+		"a scope is fenced by exactly one lease service (tokens of two services cannot be compared; "+
+		"fence the scope with one lease service again, or reset its floor deliberately)",
+		ErrTokenSpace, e.Op, e.Scope, e.Token, e.Space, e.Floor, e.FloorSpace)
+}
+
+// Unwrap returns ErrTokenSpace and ErrConfig.
+func (e *TokenSpaceError) Unwrap() []error { return []error{ErrTokenSpace, ErrConfig} }
+
+// TokenSpaceMismatch is the diagnosis a fence makes after it rejected c:
+// given the scope's floor and the token space stored with it, it returns a
+// *TokenSpaceError when both spaces are known and differ and the floor is
+// above c.Token, else nil (an ordinary rejection, or nothing to say).
+// Backends call it on the rejection path only.
+func TokenSpaceMismatch(op string, c Claim, floor Token, floorSpace string) error {
+	if c.Space == "" || floorSpace == "" || c.Space == floorSpace || floor <= c.Token {
+		return nil
+	}
+	return &TokenSpaceError{Op: op, Scope: c.Scope, Token: c.Token, Space: c.Space, Floor: floor, FloorSpace: floorSpace}
+}

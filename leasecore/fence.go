@@ -15,13 +15,30 @@ type Claim struct {
 	Scope  string // what one lease protects, e.g. "daily-report"
 	Writer string // the holder, for the attempt log
 	Token  Token
+
+	// Space is the token space of Token (Grant.Space), optional. A fence
+	// stores it with the floor when the claim raises the floor, and when
+	// it rejects a claim whose space and the floor's are both known and
+	// differ, it reports a *TokenSpaceError (ErrTokenSpace) instead of a
+	// plain stale rejection: a scope fenced by two lease services. Empty:
+	// rejections are never diagnosed this way. Build claims with
+	// Grant.Claim or Session.Claim to carry it.
+	Space string
 }
 
 // ClaimOf returns the claim a Write makes.
-func ClaimOf(w Write) Claim { return Claim{Scope: w.Scope, Writer: w.Writer, Token: w.Token} }
+func ClaimOf(w Write) Claim {
+	return Claim{Scope: w.Scope, Writer: w.Writer, Token: w.Token, Space: w.Space}
+}
+
+// Claim returns the claim to write in scope under g: its token and token
+// space, with g's holder as the writer.
+func (g Grant) Claim(scope string) Claim {
+	return Claim{Scope: scope, Writer: g.Holder, Token: g.Token, Space: g.Space}
+}
 
 // CheckClaim validates a claim: scope and writer as names, a non-zero
-// token, and a live context.
+// token, a valid space (CheckSpace), and a live context.
 func CheckClaim(ctx context.Context, op string, c Claim) error {
 	if err := CheckName(op, "scope", c.Scope); err != nil {
 		return err
@@ -30,6 +47,9 @@ func CheckClaim(ctx context.Context, op string, c Claim) error {
 		return err
 	}
 	if err := CheckToken(op, c.Token); err != nil {
+		return err
+	}
+	if err := CheckSpace(op, c.Space); err != nil {
 		return err
 	}
 	return CheckContext(op, ctx)

@@ -26,6 +26,15 @@ type Grant struct {
 	Token  Token
 	TTL    time.Duration
 
+	// Space names the token space Token belongs to: the lease service that
+	// issued it, as that service identifies itself (fencepg:
+	// "postgres:<uuid of the lease schema>"; fenceetcd: "etcd:<cluster id
+	// in hex>"). Empty: the backend does not say. Tokens are comparable
+	// only within one space (see ErrTokenSpace); a fence stores the space
+	// of the token that raised a scope's floor, so that a rejection by a
+	// floor from another space can say so. Renew keeps it.
+	Space string
+
 	// Start is the local time, with its monotonic reading, taken just
 	// before the request that acquired or last renewed the lease was sent
 	// (or earlier: a backend whose holding period began before the call,
@@ -110,10 +119,14 @@ type Write struct {
 	Content string
 	Writer  string // the holder, for the audit log
 	Token   Token
+	Space   string // the token's space (Grant.Space); optional, see Claim.Space
 }
 
 // Result is the outcome of a fenced write. A rejection is a result, not an
-// error: errors are for bad input and broken backends.
+// error: errors are for bad input and broken backends. The one exception is
+// a rejection by a floor from another token space (a broken deployment, see
+// ErrTokenSpace): the Result still says rejected, and the error, a
+// *TokenSpaceError, says why.
 type Result struct {
 	Accepted bool
 	// Floor is the scope's floor after the attempt: the largest token the

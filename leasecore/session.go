@@ -250,6 +250,12 @@ func (s *Session) Grant() Grant {
 	return s.grant
 }
 
+// Claim returns the claim to write in scope under this session: its token
+// and token space (Grant.Space), with the session's holder as the writer.
+// Carrying the space lets the fence tell a token from another lease service
+// from a stale one (ErrTokenSpace).
+func (s *Session) Claim(scope string) Claim { return s.Grant().Claim(scope) }
+
 // Deadline returns the current local deadline.
 func (s *Session) Deadline() time.Time {
 	s.mu.Lock()

@@ -133,6 +133,19 @@ func (s *SessionSet) Token(name string) (t Token, ok bool) {
 	return e.grant.Token, true
 }
 
+// Grant returns the current grant of name (its Start moves with each
+// renewal); ok is false when the set does not hold it. Grant.Claim builds
+// the claim to write under it.
+func (s *SessionSet) Grant(name string) (g Grant, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.held[name]
+	if !ok {
+		return Grant{}, false
+	}
+	return e.grant, true
+}
+
 // Valid reports whether the set holds name and its local deadline has not
 // passed.
 func (s *SessionSet) Valid(name string) bool {

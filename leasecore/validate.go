@@ -93,6 +93,17 @@ func CheckToken(op string, t Token) error {
 	return nil
 }
 
+// CheckSpace validates a token space (Grant.Space, Claim.Space): empty
+// (unknown), or an identifier by CheckName's rules — at most MaxNameLen
+// bytes of valid UTF-8, no control characters (NUL included), no
+// surrounding whitespace — since a fence stores it next to the floor.
+func CheckSpace(op, space string) error {
+	if space == "" {
+		return nil
+	}
+	return CheckName(op, "space", space)
+}
+
 // CheckAcquire validates the arguments of Lease.Acquire.
 func CheckAcquire(ctx context.Context, name, holder string, ttl, minTTL time.Duration) error {
 	if err := CheckName("acquire", "name", name); err != nil {
@@ -129,10 +140,14 @@ func CheckGrant(ctx context.Context, op string, g Grant, minTTL time.Duration) e
 	if err := CheckTTL(op, g.TTL, minTTL); err != nil {
 		return err
 	}
+	if err := CheckSpace(op, g.Space); err != nil {
+		return err
+	}
 	return CheckContext(op, ctx)
 }
 
-// CheckWrite validates a fenced write. Content may be empty; it must be
+// CheckWrite validates a fenced write: scope, part and writer as names, a
+// non-zero token, a valid space (CheckSpace). Content may be empty; it must be
 // valid UTF-8 without NUL bytes and at most MaxContentLen bytes.
 func CheckWrite(ctx context.Context, w Write) error {
 	const op = "write"
@@ -144,6 +159,9 @@ func CheckWrite(ctx context.Context, w Write) error {
 		}
 	}
 	if err := CheckToken(op, w.Token); err != nil {
+		return err
+	}
+	if err := CheckSpace(op, w.Space); err != nil {
 		return err
 	}
 	if err := CheckContent(op, w.Content); err != nil {
