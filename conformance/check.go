@@ -148,6 +148,9 @@ func (c *caseRun) Fatalf(format string, args ...any) {
 	panic(abortCase{})
 }
 
+// stop ends the case after a failed check already said why.
+func (c *caseRun) stop() { panic(abortCase{}) }
+
 // Must ends the case when err is not nil; what says what was being done.
 func (c *caseRun) Must(err error, what string) {
 	if err != nil {

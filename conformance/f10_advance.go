@@ -20,13 +20,14 @@ func caseF10u(ctx context.Context, c *caseRun, h Harness) {
 	lease, insp := c.openLease(h)
 
 	short := c.ttl(300 * time.Millisecond)
+	sent := time.Now()
 	ga, err := lease.Acquire(ctx, leaseName, holderA, short)
 	c.Must(err, "holder-a acquires "+leaseName)
 	ra := c.write(res, leasecore.Write{Scope: scope, Part: partSummary, Content: "rows=100(A)", Writer: holderA, Token: ga.Token})
 	c.Equal("I3", fmt.Sprintf("holder-a's summary with token=%d is accepted", ga.Token), true, ra.Accepted)
 	summaryA := c.stored(res, scope, partSummary)
 
-	c.waitFree(insp, leaseName, short) // A loses the lease
+	c.waitFree(insp, leaseName, short, sent, "holder-a's hold, never renewed,", "its acquire") // A loses the lease
 	gb, err := lease.Acquire(ctx, leaseName, holderB, c.ttl(5*time.Second))
 	c.Must(err, "holder-b acquires "+leaseName)
 	c.NextToken("holder-b acquires the expired lease with a larger token", ga.Token, gb.Token)

@@ -19,6 +19,7 @@ func caseF2(ctx context.Context, c *caseRun, h Harness) {
 		lease, insp := c.openLease(h)
 		ttl := c.ttl(300 * time.Millisecond)
 
+		sent := time.Now()
 		ga, err := lease.Acquire(ctx, leaseName, holderA, ttl)
 		c.Must(err, "holder-a acquires")
 		// The transaction starts while the lease is held, so its now()
@@ -29,8 +30,9 @@ func caseF2(ctx context.Context, c *caseRun, h Harness) {
 		now0, err := tx.Now(ctx)
 		c.Must(err, "now() in the transaction")
 
-		waited := c.waitFree(insp, leaseName, ttl)
-		c.Notef("an autocommit read saw the lease expire %v after the transaction began (ttl %v)", waited.Round(time.Millisecond), ttl)
+		began := time.Now()
+		freeAt := c.waitFree(insp, leaseName, ttl, sent, "holder-a's hold, never renewed,", "its acquire")
+		c.Notef("an autocommit read saw the lease expire %v after the transaction began (ttl %v)", freeAt.Sub(began).Round(time.Millisecond), ttl)
 
 		now1, err := tx.Now(ctx)
 		c.Must(err, "now() in the transaction, again")

@@ -83,13 +83,15 @@ func caseF3(ctx context.Context, c *caseRun, h Harness) {
 		return won
 	}
 
+	sent := time.Now() // before any of round 1's acquires is sent
 	w1 := round("round 1, fresh lease", 1)
 	round("round 2, lease held", 0)
 	if len(w1) != 1 {
 		c.Fatalf("cannot go on without exactly one round-1 winner")
 	}
-	waited := c.waitFree(insp, leaseName, ttl)
-	c.Notef("the lease expired by the backend's clock %v after round 2", waited.Round(time.Millisecond))
+	round2 := time.Now()
+	freeAt := c.waitFree(insp, leaseName, ttl, sent, "round 1's winner's hold, never renewed,", "round 1")
+	c.Notef("the lease expired by the backend's clock %v after round 2", freeAt.Sub(round2).Round(time.Millisecond))
 	w3 := round("round 3, lease expired", 1)
 	c.Equal("F3", "attempts in all, each answered with a grant or ErrHeld", 3*contenders, answered)
 	if len(w3) != 1 {

@@ -109,6 +109,9 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	c.Check("I1", fmt.Sprintf("A's background renewal kept the lease while A ran (waited %v, ttl %v)", running, ttl),
 		st.Held && st.Holder == holderA, "held by holder-a", fmt.Sprintf("held=%t by %s", st.Held, st.Holder))
 
+	// A's last renewal was sent before it froze: its hold ends within
+	// the TTL of this moment.
+	frozeAt := time.Now()
 	c.Must(freeze(a.pid), "SIGSTOP A")
 	switch kind {
 	case KindMarkerFirst:
@@ -123,8 +126,8 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	if st, err := insp.Inspect(ctx, leaseName); err == nil && st.Held {
 		c.recordAt(time.Now().Add(st.Remaining), "lease", "A's lease expires (backend clock)")
 	}
-	waited := c.waitFree(insp, leaseName, ttl)
-	c.Notef("the lease expired by the backend's clock %v after SIGSTOP", waited.Round(time.Millisecond))
+	freeAt := c.waitFree(insp, leaseName, ttl, frozeAt, "A's hold, its renewals frozen,", "SIGSTOP")
+	c.Notef("the lease expired by the backend's clock %v after SIGSTOP", freeAt.Sub(frozeAt).Round(time.Millisecond))
 
 	floorBefore := c.floor(reader, scope)
 	b := c.startHolder(hp, kind, "B")

@@ -50,10 +50,11 @@ func (c *caseRun) granularityTimeline(h Harness, label, name string, res Resourc
 	ctx := c.ctx
 	lease, insp := c.openLease(h)
 	short := c.ttl(300 * time.Millisecond)
+	sent := time.Now()
 	ga, err := lease.Acquire(ctx, name, holderA, short)
 	c.Must(err, "holder-a acquires "+name)
 	ra := c.write(res, leasecore.Write{Scope: name, Part: partSummary, Content: "rows=100(A)", Writer: holderA, Token: ga.Token})
-	c.waitFree(insp, name, short) // A loses the lease
+	c.waitFree(insp, name, short, sent, "holder-a's hold of "+name+", never renewed,", "its acquire") // A loses the lease
 	gb, err := lease.Acquire(ctx, name, holderB, c.ttl(5*time.Second))
 	c.Must(err, "holder-b acquires "+name)
 	rb := c.write(res, leasecore.Write{Scope: name, Part: partSummary, Content: "rows=101(B)", Writer: holderB, Token: gb.Token})
