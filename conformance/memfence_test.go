@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,6 +105,62 @@ func (h *memHarness) IdempotentPublisher(context.Context) (conformance.Resource,
 		_, ok := c.parts[[2]string{w.Scope, w.Part}]
 		return !ok, nil
 	}), nil
+}
+
+// AmbiguousLease implements conformance.AmbiguousOutcomes: the in-memory
+// service carries the call out in full, and the client throws its answer
+// away, as a connection lost on the way back does.
+func (h *memHarness) AmbiguousLease(context.Context) (leasecore.Lease, func(), error) {
+	l := &lossyLease{Lease: h.leases}
+	return l, l.loseNextAnswer, nil
+}
+
+// lossyLease is a lease client that loses the answer of its next call once
+// armed. A client whose Lease implements answerLoser is told which grant's
+// answer it lost (the ghost mutant keeps it).
+type lossyLease struct {
+	leasecore.Lease
+	armed atomic.Bool
+}
+
+// answerLoser is told of an acquire that took effect and whose answer
+// lossyLease threw away.
+type answerLoser interface{ answerLost(g leasecore.Grant) }
+
+func (l *lossyLease) loseNextAnswer() { l.armed.Store(true) }
+
+// lost reports whether this call's answer is to be lost, and disarms.
+func (l *lossyLease) lost() bool { return l.armed.Swap(false) }
+
+func errAnswerLost(op string) error {
+	return fmt.Errorf("memfence (test client): %s: the connection was lost before the answer arrived: %w", op, leasecore.ErrUnavailable)
+}
+
+func (l *lossyLease) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	g, err := l.Lease.Acquire(ctx, name, holder, ttl)
+	if !l.lost() {
+		return g, err
+	}
+	if al, ok := l.Lease.(answerLoser); ok && err == nil {
+		al.answerLost(g)
+	}
+	return leasecore.Grant{}, errAnswerLost("acquire")
+}
+
+func (l *lossyLease) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
+	r, err := l.Lease.Renew(ctx, g)
+	if l.lost() {
+		return leasecore.Grant{}, errAnswerLost("renew")
+	}
+	return r, err
+}
+
+func (l *lossyLease) Release(ctx context.Context, g leasecore.Grant) error {
+	err := l.Lease.Release(ctx, g)
+	if l.lost() {
+		return errAnswerLost("release")
+	}
+	return err
 }
 
 // memControls holds the state of the in-memory negative controls. Each

@@ -108,8 +108,24 @@ func need[T any](c *caseRun, h Harness, ab Ability) T {
 		return v
 	}
 	var zero T
+	if since, ok := graceAbilities[ab]; ok {
+		c.Skip(fmt.Sprintf("%s: the harness neither implements %T nor declares it absent; the ability is new (%s), "+
+			"so this skips until the harness is updated instead of failing", ab, &zero, since))
+	}
 	c.Fatalf("the harness neither implements %T (%s) nor declares it absent in Traits.Absent", &zero, ab)
 	return zero
+}
+
+// graceAbilities are abilities added after the repository's own harnesses
+// were written, with where they were added. A case needing one skips, with
+// a skip line saying why, when the harness neither implements nor declares
+// it, instead of failing: the backends' suites stay green while their
+// harnesses catch up. An entry is removed as soon as every harness in the
+// repository implements the ability or declares it absent; from then on
+// the usual rule (an undeclared ability fails) applies to it too. The list
+// is here, in the open, so that nothing passes by a switch nobody sees.
+var graceAbilities = map[Ability]string{
+	AbilityAmbiguousOutcomes: "issue 15",
 }
 
 // Summary is the result of Report.
