@@ -38,6 +38,19 @@
 // own tests can run them with checks only the backend can make, such as
 // every table unchanged or a server nobody listens on.
 //
+// Case X2 checks the parts of the Lease contract that a lease service built
+// on a lock (etcd's concurrency.Mutex) breaks while passing the others:
+// renew and release of a hold that is over fail with ErrLost; a release
+// whose answer was lost, retried, leaves the next holder alone; a grant
+// carries the TTL asked for and one holder's names lapse independently; a
+// live holder that stops renewing loses the hold within its TTL; a
+// holder's acquire of a name it holds is refused; names that prefix one
+// another are held at once; the holder checks hold through a second
+// client; an acquire whose answer was lost leaves no holder after its TTL.
+// The lost answers need AmbiguousOutcomes. Every case that waits for a
+// lease to expire checks that it did within its TTL, the backend's TTL
+// granularity and a stated bound (a quarter of the TTL plus 100ms).
+//
 // Report runs the same cases outside "go test" and writes the article's
 // line format, ending in "SUMMARY passed=N failed=M".
 //

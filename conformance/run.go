@@ -42,6 +42,7 @@ var cases = []testCase{
 	{"F12", "F12_frozen_leader_handoff", "leader election across a frozen leader: A, a separate process leading under leasecore.Campaign, is frozen with SIGSTOP; a waiter takes over with a larger token; A's late write is rejected; A's campaign leads again after the new leader steps down", caseF12},
 	{"F13", "F13_partitioned_leader", "a leader that loses the lease while its function runs: A's network is cut; its lead context ends at its local deadline, before B is granted the lease; A's campaign leads again after B steps down", caseF13},
 	{"X1", "X1_bad_input", "bad input: every entry point names the bad field, wraps the sentinel and changes nothing", caseX1},
+	{"X2", "X2_lease_contract", "the lease contract where lock-based lease services break it: holds that are over, a retried release, TTLs as asked, a holder that stops renewing, re-entrant acquire, independent names, a second client, a lost acquire answer", caseX2},
 }
 
 // caseTimeout bounds one case; it grows with the backend's minimum TTL.
