@@ -38,8 +38,17 @@ import (
 //     old one off right after it acquires.
 //
 // A rejection is a leasecore.Result with Accepted false and the floor that
-// beat the token, never an error. Errors wrap leasecore's sentinels as
-// described in the package documentation.
+// beat the token, not an error — except when the claim names its token
+// space (leasecore.Claim.Space) and the floor was raised by a token of
+// another space: then the rejected Result comes with a
+// *leasecore.TokenSpaceError (errors.Is leasecore.ErrTokenSpace), since the
+// claim is not stale but from another lease service (a scope is fenced by
+// exactly one). The floor row stores the space of the token that last
+// raised it (column token_space); the space is read only after a
+// rejection, so accepted checks cost what they did. A floor raised before
+// the column existed, or by a claim without a space, gives the ordinary
+// rejection. Errors wrap leasecore's sentinels as described in the package
+// documentation.
 //
 // The check is written for Read Committed, PostgreSQL's default isolation
 // level: it relies on a blocked lock re-reading the newest version of the
@@ -72,7 +81,7 @@ type Fence struct {
 
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
-	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch string
+	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
 	// the fast paths (floor = token) and the checks of RunTx/RunSQLTx
 	sharedRun, checkRun, guardOrRaise, writeShared, writeBatchShared string
 }
@@ -82,7 +91,7 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 	return &Fence{db: db, pgx: pgxPool, sql: sqlDB, cfg: cfg,
 		stmt: fenceSQL{
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
-			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts),
+			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
 			sharedRun: in(pgsql.FenceSharedRun), checkRun: in(pgsql.FenceCheckRun), guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
@@ -232,7 +241,7 @@ func (f *Fence) Migrate(ctx context.Context) error {
 // this pool's role. Preflight runs it after checking the connection, the
 // server's durability and the role's grants: call Preflight at start-up.
 func (f *Fence) CheckSchema(ctx context.Context) error {
-	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, true)
+	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }
 
 // Querier is what Check needs from a pgx transaction: pgx.Tx, *pgx.Conn,
@@ -255,11 +264,13 @@ type Querier interface {
 //
 // A rejection is logged (unless the Fence's log is LogNone) on a
 // connection of the Fence's own pool, so the entry stays after tx rolls
-// back. The pool needs a free connection for it while tx still holds one:
-// give the Fence a pool that the caller's transactions cannot exhaust, or
-// use RunTx, which returns its connection before it logs. If logging
-// fails, Check returns the rejection together with an error; roll back
-// either way.
+// back; a claim with a token space also has the floor's space read there
+// (see Fence). The pool needs a free connection for it while tx still
+// holds one: give the Fence a pool that the caller's transactions cannot
+// exhaust, or use RunTx, which returns its connection before it logs. If
+// logging fails, Check returns the rejection together with an error; roll
+// back either way. A rejection by a floor from another token space comes
+// with a *leasecore.TokenSpaceError.
 func (f *Fence) Check(ctx context.Context, tx Querier, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "check"
 	if tx == nil {
@@ -300,20 +311,49 @@ func (f *Fence) check(ctx context.Context, op string, c leasecore.Claim, stmt fu
 	return f.outcome(ctx, op, c, floor)
 }
 
-// args are the parameters $1..$5 every fence statement takes. logRejected
+// args are the parameters $1..$6 every fence statement takes. logRejected
 // is false for a statement in a transaction the caller may roll back.
 func (f *Fence) args(c leasecore.Claim, logRejected bool) []any {
 	return []any{c.Scope, int64(c.Token), c.Writer, f.cfg.log == leasecore.LogAll,
-		logRejected && f.cfg.log != leasecore.LogNone}
+		logRejected && f.cfg.log != leasecore.LogNone, c.Space}
 }
 
-// outcome turns the floor a check left into a Result, logging a rejection.
+// outcome turns the floor a check left into a Result, logging a rejection
+// and diagnosing a floor from another token space.
 func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor int64) (leasecore.Result, error) {
 	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
 	if !res.Accepted {
-		return res, f.logRejected(ctx, op, c, "", res.Floor)
+		logErr := f.logRejected(ctx, op, c, "", res.Floor)
+		return res, errors.Join(f.spaceError(ctx, op, c), logErr)
 	}
 	return res, nil
+}
+
+// spaceError is the rejection path's diagnosis: when c names its token
+// space, it reads the scope's floor and the space stored with it (one
+// statement on the Fence's pool, after the check) and returns a
+// *leasecore.TokenSpaceError when the floor's space is known and another.
+// It returns nil for an ordinary rejection and for a claim without a space
+// (then nothing is read). Like logRejected it runs even when ctx ended, so
+// a caller that gives up right after the rejection still learns why.
+func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) error {
+	if c.Space == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	var (
+		floor int64
+		space string
+	)
+	err := f.db.QueryRow(ctx, f.stmt.floorSpace, c.Scope).Scan(&floor, &space)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return nil // no floor: nothing rejected by one
+	case err != nil:
+		return pgstore.MapError(ctx, pkg, op+": read the floor's token space", err)
+	}
+	return leasecore.TokenSpaceMismatch(op, c, leasecore.Token(floor), space)
 }
 
 // logRejected records a rejected check in autocommit on the Fence's pool.
@@ -335,7 +375,9 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 // RunTx begins a Read Committed transaction on the Fence's pgx pool, runs
 // the check for c, and then:
 //
-//   - rejected: rolls back without calling fn and returns the rejection;
+//   - rejected: rolls back without calling fn and returns the rejection
+//     (with a *leasecore.TokenSpaceError when the floor is from another
+//     token space, see Fence);
 //   - accepted: calls fn with the transaction; if fn returns an error (or
 //     panics), rolls back and returns that error wrapped (errors.Is and
 //     errors.As reach it; a server or connection failure inside fn is
@@ -650,8 +692,11 @@ func rejectedFloor(err error) (int64, bool) {
 // statement in autocommit. A new holder calls it right after it acquires,
 // so a stale holder is rejected from then on, also for parts or rows the
 // new holder has not written yet. Accepted when the floor was at most
-// c.Token (it now equals it); rejected, changing nothing, when a newer
-// token already passed. Logged as the Fence's attempt log says.
+// c.Token (it now equals it; a floor it moved up stores c.Space as its
+// token space);
+// rejected, changing nothing, when a newer token already passed — with a
+// *leasecore.TokenSpaceError when that token was from another token space
+// (see Fence). Logged as the Fence's attempt log says.
 func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "advance"
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
@@ -663,7 +708,13 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 	}); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
-	return leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}, nil
+	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
+	if !res.Accepted {
+		// Logged by the statement itself (autocommit); only the diagnosis
+		// is left.
+		return res, f.spaceError(ctx, op, c)
+	}
+	return res, nil
 }
 
 // Floor returns the scope's floor, 0 when the scope never accepted a

@@ -95,7 +95,8 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 // absent, expired or released and returns token + 1 (1 for a new name).
 // While the lease is held, by anyone, it returns a *leasecore.HoldError
 // wrapping leasecore.ErrHeld and changes nothing. Grant.Start is read just
-// before the request is sent.
+// before the request is sent. Grant.Space is the lease schema's token space,
+// "postgres:<uuid>", returned by the same statement (see LeaseDDL).
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	return pgstore.Acquire(ctx, s.db, s.stmt.acquire, pkg, name, holder, ttl, MinTTL)
 }
@@ -105,7 +106,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 // token) is unexpired. Otherwise it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost whose Reason says what did not match, and changes
 // nothing; a renew after expiry fails even when nobody took over. The
-// returned grant has the same token and a new Start.
+// returned grant has the same token and space and a new Start.
 func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
 	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
 		return leasecore.Grant{}, err

@@ -49,9 +49,12 @@ func checkSchemaName(op, name string) error {
 	return nil
 }
 
-// LeaseDDL returns the SQL that creates the lease table in schema, for
-// users who apply migrations with their own tool instead of Migrate. It is
-// idempotent (CREATE ... IF NOT EXISTS). The runtime role then needs:
+// LeaseDDL returns the SQL that creates the lease table in schema, and the
+// function token_space that names the schema's token space (a UUID drawn
+// by the server the first time the script runs there, never changed: see
+// leasecore.Grant.Space), for users who apply migrations with their own
+// tool instead of Migrate. It is idempotent (CREATE ... IF NOT EXISTS). The
+// runtime role then needs (EXECUTE on token_space is PUBLIC's by default):
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
@@ -67,7 +70,8 @@ func LeaseDDL(schema string) (string, error) {
 // ResourceDDL returns the SQL that creates the fence's tables (fence_floor,
 // write_attempt, the part store's report_part) and its function
 // fence_reject in schema, for users who apply migrations with their own
-// tool. It is idempotent. The runtime role then needs:
+// tool. It is idempotent, and upgrades a fence_floor made before its
+// token_space column (added only when missing). The runtime role then needs:
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.fence_floor, <schema>.report_part TO <role>;
@@ -90,8 +94,9 @@ func ddl(script, schema string) string {
 	return "CREATE SCHEMA IF NOT EXISTS " + schema + ";\n" + pgsql.InSchema(guardSchema+"\n"+script, schema)
 }
 
-// Migrate creates the lease table in the lease database if it does not
-// exist, then runs CheckSchema. It is idempotent, and two processes
+// Migrate creates the lease table and the token_space function (see
+// LeaseDDL) in the lease database if they do not exist, then runs
+// CheckSchema. It is idempotent, and two processes
 // running it at once serialise on an advisory lock inside its transaction.
 func (s *LeaseStore) Migrate(ctx context.Context) error {
 	if err := pgstore.Migrate(ctx, s.db, pkg, ddl(leaseSchema, s.schema)); err != nil {
@@ -107,7 +112,7 @@ func (s *LeaseStore) Migrate(ctx context.Context) error {
 // privileges sees the table as missing; Preflight names the GRANT): call
 // Preflight at start-up.
 func (s *LeaseStore) CheckSchema(ctx context.Context) error {
-	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, pgsql.LeaseColumns, false)
+	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, pgsql.LeaseColumns, pgsql.LeaseFunctions)
 }
 
 // Migrate creates the resource tables (fence_floor, report_part,

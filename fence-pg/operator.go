@@ -57,8 +57,10 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // new token larger than every token issued for name before (token + 1; 1
 // for a name never acquired), and returns the grant and the state the
 // lease had just before: an unexpired holding period it ended, or an
-// expired, released or absent one. It is one statement in autocommit,
-// committed durably like Acquire; the row is updated, never deleted.
+// expired, released or absent one. The grant names the schema's token
+// space as Acquire's does (advance with Grant.Claim, so the floors record
+// it). It is one statement in autocommit, committed durably like Acquire;
+// the row is updated, never deleted.
 //
 // It is an operator's tool (the leasefence command's break), not a way to
 // acquire: it ends the previous holder's holding period by the database
@@ -82,15 +84,17 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 	start := time.Now()
 	prev := leasecore.LeaseState{Name: name}
 	var token, prevToken, remaining int64
+	var space string
 	err := pgstore.RetrySerialization(ctx, func() error {
 		return s.db.QueryRow(ctx, pgsql.InSchema(pgsql.TakeOver, s.schema), name, holder, ttl.Microseconds()).Scan(
-			&token, &prev.Exists, &prev.Holder, &prevToken, &prev.Held, &prev.Released, &remaining)
+			&token, &prev.Exists, &prev.Holder, &prevToken, &prev.Held, &prev.Released, &remaining, &space)
 	})
 	if err != nil {
 		return leasecore.Grant{}, leasecore.LeaseState{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	prev.Token, prev.Remaining = leasecore.Token(prevToken), time.Duration(remaining)*time.Microsecond
-	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(token), TTL: ttl, Start: start}, prev, nil
+	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(token), TTL: ttl, Start: start,
+		Space: pgsql.TokenSpacePrefix + space}, prev, nil
 }
 
 // ScopeFloor is one scope's floor: the largest token its fence accepted.

@@ -41,7 +41,7 @@ var ErrNotDurable = pgstore.ErrNotDurable
 // Migrate when the process migrates itself (Migrate runs as the tables'
 // owner; Preflight checks the role the pool logs in as).
 func (s *LeaseStore) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, s.db, pkg, s.schema, pgstore.LeaseTables, pgsql.LeaseColumns, false)
+	return pgstore.Preflight(ctx, s.db, pkg, s.schema, pgstore.LeaseTables, pgsql.LeaseColumns, pgsql.LeaseFunctions)
 }
 
 // Preflight is LeaseStore.Preflight for the fence's database: the same
@@ -50,11 +50,11 @@ func (s *LeaseStore) Preflight(ctx context.Context) error {
 // fence_reject (DELETE on write_attempt, which only PruneAttempts needs,
 // is not required); then CheckSchema.
 func (f *Fence) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, f.db, pkg, f.cfg.schema, pgstore.FenceTables, pgsql.ResourceColumns, true)
+	return pgstore.Preflight(ctx, f.db, pkg, f.cfg.schema, pgstore.FenceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }
 
 // Preflight is Fence.Preflight, and also requires SELECT, INSERT and
 // UPDATE on report_part, the part store's table.
 func (r *Resource) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, r.fence.db, pkg, r.fence.cfg.schema, pgstore.ResourceTables, pgsql.ResourceColumns, true)
+	return pgstore.Preflight(ctx, r.fence.db, pkg, r.fence.cfg.schema, pgstore.ResourceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }

@@ -71,7 +71,8 @@ func renameOp(err error, op string) error {
 // the part only when it accepts and logs the attempt as WithAttemptLog
 // says — each in autocommit, the check and its writes committed together. It accepts w.Token >= floor (an equal token is the same holding
 // period writing again) and rejects anything lower, whichever part it
-// targets; a rejection is a Result, not an error. Concurrent writers of one
+// targets; a rejection is a Result, not an error (but for a floor from
+// another token space, see Fence). Concurrent writers of one
 // scope queue on the floor row and each compares with the floor the
 // previous one committed.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
@@ -80,7 +81,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 		return leasecore.Result{}, err
 	}
 	c := leasecore.ClaimOf(w)
-	return r.run(ctx, op, w,
+	return r.run(ctx, op, c, w,
 		query(ctx, r.fence.stmt.writeShared, c.Scope, int64(c.Token), c.Writer, w.Part, w.Content),
 		query(ctx, r.fence.stmt.write, append(r.fence.args(c, true), w.Part, w.Content)...))
 }
@@ -106,10 +107,10 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 	if err != nil {
 		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
-	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token}
+	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token, Space: b.Space}
 	// The commit gap sees the batch as a write of its first part.
-	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token}
-	return r.run(ctx, op, w,
+	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Writer: b.Writer, Token: b.Token, Space: b.Space}
+	return r.run(ctx, op, c, w,
 		query(ctx, r.fence.stmt.writeBatchShared, c.Scope, int64(c.Token), c.Writer, string(parts)),
 		query(ctx, r.fence.stmt.writeBatch, append(r.fence.args(c, true), string(parts))...))
 }
@@ -136,7 +137,7 @@ func query(ctx context.Context, stmt string, args ...any) statement {
 // which raises the floor, stores the parts when accepted and logs the
 // attempt. Each runs alone in autocommit, or, with the commit-gap test
 // hook, inside one transaction that stays open while the hook runs.
-func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared, full statement) (res leasecore.Result, err error) {
+func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leasecore.Write, shared, full statement) (res leasecore.Result, err error) {
 	exec := func(q dbx.Querier) (int64, error) {
 		if !r.fence.fullCheckFirst() {
 			if floor, found, err := shared(q); err != nil || found {
@@ -147,9 +148,14 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared
 		return floor, err
 	}
 	// The statements stored the parts exactly when the floor they left
-	// equals our token.
-	result := func(floor int64) leasecore.Result {
-		return leasecore.Result{Accepted: leasecore.Token(floor) == w.Token, Floor: leasecore.Token(floor)}
+	// equals our token. A rejection by a floor from another token space
+	// comes with its diagnosis (Fence.spaceError), read after the commit.
+	result := func(floor int64) (leasecore.Result, error) {
+		res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
+		if !res.Accepted {
+			return res, r.fence.spaceError(ctx, op, c)
+		}
+		return res, nil
 	}
 	gap := commitgap.From(ctx)
 	if gap == nil {
@@ -161,7 +167,7 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared
 		if err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}
-		return result(floor), nil
+		return result(floor)
 	}
 	tx, err := r.fence.db.Begin(ctx)
 	if err != nil {
@@ -183,7 +189,7 @@ func (r *Resource) run(ctx context.Context, op string, w leasecore.Write, shared
 	if err = tx.Commit(ctx); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
-	return result(floor), nil
+	return result(floor)
 }
 
 // Floor implements leasecore.ResourceReader: the scope's floor, 0 when the

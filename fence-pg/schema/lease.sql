@@ -9,6 +9,28 @@ CREATE TABLE IF NOT EXISTS leasefence.lease (
   expires_at timestamptz NOT NULL
 );
 
+-- The token space of this lease schema: a random UUID, made once when the
+-- schema is first migrated and never changed, that every grant names
+-- (leasecore.Grant.Space = 'postgres:' || token_space()), so that a fence
+-- can tell tokens of this schema from those of any other lease service
+-- (tokens 1, 2, ... of two schemas, or of a schema dropped and made again,
+-- are not comparable). A function rather than a table: it needs no GRANT
+-- (EXECUTE is PUBLIC's by default), no row can be deleted by a cleanup,
+-- and the planner folds the constant into the acquire statement, which
+-- returns it at no cost. Made by EXECUTE so that the UUID is drawn by the
+-- server when the script runs: a script applied to two databases gives
+-- two spaces. gen_random_uuid() is in core since PostgreSQL 13.
+DO $$
+BEGIN
+  IF to_regprocedure('leasefence.token_space()') IS NULL THEN
+    EXECUTE format('CREATE FUNCTION leasefence.token_space() RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
+      'SELECT ' || quote_literal(gen_random_uuid()::text));
+    COMMENT ON FUNCTION leasefence.token_space() IS
+      'leasefence: the token space of this lease schema; never change it (fences compare it with the space stored with their floors)';
+  END IF;
+END
+$$;
+
 -- Token-space guard: the lease's token never goes down and its row is
 -- never deleted (refuse_token_reset, in guard.sql, says why and gives the
 -- deliberate path).

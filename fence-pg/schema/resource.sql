@@ -7,6 +7,23 @@ CREATE TABLE IF NOT EXISTS leasefence.fence_floor (
   max_token bigint NOT NULL
 );
 
+-- token_space is the token space (leasecore.Claim.Space) of the token
+-- that last raised max_token, NULL when the claim named none or the floor
+-- was raised before the column existed. It is written only where the floor
+-- is raised and read only after a rejection, to tell a token of another
+-- lease service from a stale one. Added apart from CREATE TABLE so that
+-- Migrate upgrades an existing table, and only when missing: ALTER TABLE
+-- takes an ACCESS EXCLUSIVE lock even when IF NOT EXISTS finds the column,
+-- and every migration would then queue behind (and hold up) the fence's
+-- writers.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.fence_floor'::regclass AND attname = 'token_space' AND NOT attisdropped) THEN
+    ALTER TABLE leasefence.fence_floor ADD COLUMN IF NOT EXISTS token_space text;
+  END IF;
+END
+$$;
+
 -- The protected data: the current content of each part of a scope.
 CREATE TABLE IF NOT EXISTS leasefence.report_part (
   scope      text,

@@ -16,12 +16,21 @@ package pgsql
 //
 // Its row comes from a SELECT rather than VALUES only so that it can carry
 // DurableCommit.
+//
+// The row also carries the schema's token space (token_space(), see
+// schema/lease.sql): an immutable SQL function returning a constant, which
+// the planner inlines and folds, so the grant names its space at no cost.
 const Acquire = `INSERT INTO leasefence.lease AS l (name, holder, token, expires_at)
 SELECT $1::text, $2::text, 1, now() + $3::bigint * interval '1 microsecond' WHERE ` + DurableCommit + `
 ON CONFLICT (name) DO UPDATE
    SET holder = EXCLUDED.holder, token = l.token + 1, expires_at = EXCLUDED.expires_at
  WHERE l.expires_at <= now()
-RETURNING l.token`
+RETURNING l.token, leasefence.token_space()`
+
+// TokenSpacePrefix is what a PostgreSQL lease schema's token space starts
+// with, before the schema's UUID: leasecore.Grant.Space reads
+// "postgres:<uuid>".
+const TokenSpacePrefix = "postgres:"
 
 // DurableCommit is a condition that is always true and, as a side effect,
 // makes the transaction it is evaluated in commit durably: where the

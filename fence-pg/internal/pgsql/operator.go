@@ -25,7 +25,8 @@ const ListLeases = `SELECT name, holder, token, expires_at > now(), expires_at =
 // source, so prev is evaluated, and the row locked, before the update: the
 // state it reports is the holding period this statement ended. Columns:
 // the new token, then whether a row existed and its holder, token, held
-// and released before, and the remaining microseconds it had.
+// and released before, and the remaining microseconds it had; last the
+// schema's token space (see Acquire).
 //
 // It carries DurableCommit: it issues a token.
 const TakeOver = `WITH prev AS (
@@ -43,7 +44,8 @@ const TakeOver = `WITH prev AS (
   RETURNING l.token
 )
 SELECT taken.token, prev.holder IS NOT NULL, coalesce(prev.holder, ''), coalesce(prev.token, 0),
-       coalesce(prev.held, false), coalesce(prev.released, false), coalesce(prev.remaining, 0)
+       coalesce(prev.held, false), coalesce(prev.released, false), coalesce(prev.remaining, 0),
+       leasefence.token_space()
   FROM taken LEFT JOIN prev ON true`
 
 // ListFloors reads at most $1 floors in scope order: scope, max_token.

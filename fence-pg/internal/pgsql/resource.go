@@ -5,7 +5,8 @@ package pgsql
 // fencing their own rows (fencepg.Fence) run the very same check.
 //
 // Parameters shared by all of them: $1 scope, $2 token, $3 writer, $4 log
-// an accepted attempt, $5 log a rejected attempt.
+// an accepted attempt, $5 log a rejected attempt, $6 the token's space
+// (empty when the claim names none).
 //
 // fenceCTEs leaves in "floor" exactly one row, the scope's floor after the
 // check; accepted ⇔ floor = $2. Why it is safe (PostgreSQL docs §13.2.1,
@@ -34,6 +35,11 @@ package pgsql
 //     every writer that locks the row after the floor passed t sees it and
 //     is rejected (I3). Writers with an equal token share the lock: they
 //     are one holding period.
+//   - The raise also stores the token's space ($6) with the floor when it
+//     moves the floor up, in the same row version: the space of the token
+//     that last raised the floor, which a rejection reads (ReadFloorSpace)
+//     to tell a token of another lease service from a stale one. The
+//     common case above writes nothing, so it is unchanged.
 //
 // All sub-statements see one snapshot, so later CTEs read the floor from
 // "floor", never from the table. Every statement reads "floor", which
@@ -42,9 +48,10 @@ package pgsql
 const fenceCTEs = `same AS (
   SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint FOR SHARE
 ), raised AS (
-  INSERT INTO leasefence.fence_floor AS f (scope, max_token)
-  SELECT $1::text, $2::bigint WHERE NOT EXISTS (SELECT FROM same)
-  ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token)
+  INSERT INTO leasefence.fence_floor AS f (scope, max_token, token_space)
+  SELECT $1::text, $2::bigint, nullif($6::text, '') WHERE NOT EXISTS (SELECT FROM same)
+  ON CONFLICT (scope) DO UPDATE SET max_token = GREATEST(f.max_token, EXCLUDED.max_token),
+    token_space = CASE WHEN EXCLUDED.max_token > f.max_token THEN EXCLUDED.token_space ELSE f.token_space END
   RETURNING f.max_token
 ), floor AS (
   SELECT max_token FROM (SELECT max_token FROM same UNION ALL SELECT max_token FROM raised) AS f
@@ -84,10 +91,10 @@ func idleTimeout(param string) string {
 var FenceSharedRun = `SELECT max_token, ` + idleTimeout("$3") + `
   FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
 
-// FenceCheckRun is FenceCheck with the idle timeout $6, for RunTx and
+// FenceCheckRun is FenceCheck with the idle timeout $7, for RunTx and
 // RunSQLTx when the fast path found no equal floor.
 var FenceCheckRun = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
-SELECT max_token, ` + idleTimeout("$6") + ` FROM floor`
+SELECT max_token, ` + idleTimeout("$7") + ` FROM floor`
 
 // FenceGuardOrRaise is the fast path of a pipeline (fencepg.Fence.SendBatch):
 // it share-locks the floor row and returns the floor when it equals $2;
@@ -148,23 +155,23 @@ const RejectedState = "LF001"
 // logs the attempt as $4/$5 say (fencepg.Fence.Advance).
 var FenceAdvance = FenceCheck
 
-// FencedWrite is the part store's write: the fence, then part $6 with
-// content $7 stored only when accepted, and the attempt logged, all in one
+// FencedWrite is the part store's write: the fence, then part $7 with
+// content $8 stored only when accepted, and the attempt logged, all in one
 // statement and one commit.
 var FencedWrite = `WITH ` + fenceCTEs + `, part AS (
   INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
-  SELECT $1::text, $6::text, $7::text, $3::text, $2::bigint FROM floor WHERE floor.max_token = $2::bigint
+  SELECT $1::text, $7::text, $8::text, $3::text, $2::bigint FROM floor WHERE floor.max_token = $2::bigint
   ` + upsertPart + `
-), ` + logAttempt(`$6::text`) + `
+), ` + logAttempt(`$7::text`) + `
 SELECT max_token FROM floor`
 
-// FencedWriteBatch is FencedWrite for several parts: $6 is a JSON array of
+// FencedWriteBatch is FencedWrite for several parts: $7 is a JSON array of
 // {"part", "content"}; one floor comparison, every part stored or none, one
 // write_attempt row per part. The parts travel as one JSON text parameter
 // so that every driver can send them (arrays need driver-specific
 // encoding).
 var FencedWriteBatch = `WITH ` + fenceCTEs + `, input AS (
-  SELECT * FROM json_to_recordset($6::json) AS i(part text, content text)
+  SELECT * FROM json_to_recordset($7::json) AS i(part text, content text)
 ), part AS (
   INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
   SELECT $1::text, input.part, input.content, $3::text, $2::bigint FROM floor, input WHERE floor.max_token = $2::bigint
@@ -183,6 +190,11 @@ const upsertPart = `ON CONFLICT (scope, part) DO UPDATE
 
 // ReadFloor returns the floor of scope $1, 0 when the scope has none.
 const ReadFloor = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1), 0) AS max_token`
+
+// ReadFloorSpace returns the floor of scope $1 and the token space stored
+// with it (empty when unknown); no row when the scope has none. Only a
+// rejection reads it.
+const ReadFloorSpace = `SELECT max_token, coalesce(token_space, '') FROM leasefence.fence_floor WHERE scope = $1::text`
 
 // ReadPart returns content, writer, token and written_at of part $2 of
 // scope $1; no row when it was never written.

@@ -29,7 +29,7 @@ var (
 		{"lease", "expires_at", "timestamp with time zone"},
 	}
 	ResourceColumns = []Column{
-		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"},
+		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"}, {"fence_floor", "token_space", "text"},
 		{"report_part", "scope", "text"}, {"report_part", "part", "text"}, {"report_part", "content", "text"},
 		{"report_part", "writer", "text"}, {"report_part", "token", "bigint"},
 		{"report_part", "written_at", "timestamp with time zone"},
@@ -57,6 +57,13 @@ const Triggers = `SELECT coalesce(string_agg(t.tgname::text, ',' ORDER BY t.tgna
   FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = $1::text AND c.relname = $2::text AND NOT t.tgisinternal`
 
-// HasFenceReject reports whether schema $1 has the fence_reject function.
-const HasFenceReject = `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-  WHERE n.nspname = $1::text AND p.proname = 'fence_reject')`
+// LeaseFunctions and ResourceFunctions are the functions of each schema
+// file that CheckSchema wants and Preflight checks EXECUTE on.
+var (
+	LeaseFunctions    = []string{"token_space"}
+	ResourceFunctions = []string{"fence_reject"}
+)
+
+// HasFunction reports whether schema $1 has a function named $2.
+const HasFunction = `SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+  WHERE n.nspname = $1::text AND p.proname = $2::text)`

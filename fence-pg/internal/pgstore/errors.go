@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -47,7 +48,8 @@ import (
 //     transaction) and 25P03 idle_in_transaction_session_timeout (the
 //     server ended this session's transaction): wraps
 //     leasecore.ErrUnavailable — retry; nothing of the transaction stays.
-//   - 42P01 undefined_table, 42703 undefined_column: wraps
+//   - 42P01 undefined_table, 42703 undefined_column, 42883
+//     undefined_function (fence_reject, token_space): wraps
 //     leasecore.ErrSchema — Migrate has not been run.
 //   - 3D000 invalid_catalog_name (the database does not exist), 28000
 //     invalid_authorization_specification (unknown role, a role without
@@ -130,7 +132,7 @@ func mapSQLState(ctx context.Context, prefix, op, code, msg string, err error) e
 	case code == "25P03":
 		return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for longer than idle_in_transaction_session_timeout): %w",
 			prefix, leasecore.ErrUnavailable, err)
-	case code == "42P01", code == "42703":
+	case code == "42P01", code == "42703", code == "42883":
 		return fmt.Errorf("%s: %w (run Migrate): %w", prefix, leasecore.ErrSchema, err)
 	case code == "3D000":
 		return fmt.Errorf("%s: %w (the database does not exist: check the database name in the DSN, or create the database): %w",
@@ -194,8 +196,8 @@ func grantHint(op, msg string) string {
 		}
 		return fmt.Sprintf("grant this role the privileges it needs on table %s (GRANT ... ON %s TO this role)", name, name)
 	case "function":
-		if name == "fence_reject" {
-			return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.fence_reject TO this role%s", pgsql.DefaultSchema, inSchema)
+		if slices.Contains(pgsql.LeaseFunctions, name) || slices.Contains(pgsql.ResourceFunctions, name) {
+			return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.%s TO this role%s", pgsql.DefaultSchema, name, inSchema)
 		}
 		return fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s TO this role", name)
 	}

@@ -7,11 +7,13 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
 // Acquire validates its input (leasecore.CheckAcquire with minTTL), runs
-// stmt (pgsql.Acquire, in the store's schema) on q and returns the grant, or a *leasecore.HoldError
+// stmt (pgsql.Acquire, in the store's schema) on q and returns the grant,
+// named by the schema's token space, or a *leasecore.HoldError
 // wrapping leasecore.ErrHeld when the statement returned no row. q is a
 // pool in production; the conformance harness passes an open transaction
 // to show why that is wrong (F2).
@@ -22,9 +24,12 @@ func Acquire(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string,
 	// Read before sending: the server starts the TTL only when it runs the
 	// statement, so Start + TTL is never later than the server's expiry.
 	start := time.Now()
-	var token int64
+	var (
+		token int64
+		space string
+	)
 	err := RetrySerialization(ctx, func() error {
-		return q.QueryRow(ctx, stmt, name, holder, ttl.Microseconds()).Scan(&token)
+		return q.QueryRow(ctx, stmt, name, holder, ttl.Microseconds()).Scan(&token, &space)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -32,5 +37,6 @@ func Acquire(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string,
 	case err != nil:
 		return leasecore.Grant{}, MapError(ctx, pkg, "acquire", err)
 	}
-	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(token), TTL: ttl, Start: start}, nil
+	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(token), TTL: ttl, Start: start,
+		Space: pgsql.TokenSpacePrefix + space}, nil
 }

@@ -40,13 +40,13 @@ func Migrate(ctx context.Context, db dbx.DB, pkg, schema string) (err error) {
 	return MapError(ctx, pkg, op, tx.Commit(ctx))
 }
 
-// CheckSchema compares the tables of schema with want and, with
-// needReject, looks for the fence_reject function: a missing table or
-// column, a column of another type (an out-of-date schema, or a foreign
-// table of the same name) returns an error wrapping leasecore.ErrSchema
-// that names it. A role that cannot see a table (no privilege on it) sees
-// it as missing.
-func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsql.Column, needReject bool) error {
+// CheckSchema compares the tables of schema with want and looks for the
+// functions funcs (pgsql.LeaseFunctions, pgsql.ResourceFunctions): a
+// missing table, column or function, a column of another type (an
+// out-of-date schema, or a foreign table of the same name) returns an error
+// wrapping leasecore.ErrSchema that names it. A role that cannot see a
+// table (no privilege on it) sees it as missing.
+func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsql.Column, funcs []string) error {
 	const op = "check schema"
 	if err := leasecore.CheckContext(op, ctx); err != nil {
 		return err
@@ -107,13 +107,13 @@ func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsq
 			}
 		}
 	}
-	if needReject {
+	for _, fn := range funcs {
 		var ok bool
-		if err := db.QueryRow(ctx, pgsql.HasFenceReject, schema).Scan(&ok); err != nil {
+		if err := db.QueryRow(ctx, pgsql.HasFunction, schema, fn).Scan(&ok); err != nil {
 			return MapError(ctx, pkg, op, err)
 		}
 		if !ok {
-			return fmt.Errorf("%s: %s: %w: function %s.fence_reject is missing (run Migrate)", pkg, op, leasecore.ErrSchema, schema)
+			return fmt.Errorf("%s: %s: %w: function %s.%s is missing (run Migrate)", pkg, op, leasecore.ErrSchema, schema, fn)
 		}
 	}
 	return nil

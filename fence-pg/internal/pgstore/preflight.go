@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
@@ -42,13 +43,15 @@ var ErrNotDurable = fmt.Errorf("server not crash-safe (fsync = off): %w", leasec
 
 // PreflightServer reads, in one round trip on one connection: the session's
 // role (quoted for a GRANT), the server's fsync, whether the schema exists
-// and this role may use it, and whether fence_reject (if there) may be
-// executed. It reads pg_catalog only, which every role may read, so a
-// missing privilege is reported here rather than as a failed statement.
+// and this role may use it, and which of the functions named in the
+// comma-separated list $2 (those there) it may not execute, comma-separated.
+// It reads pg_catalog only, which every role may read, so a missing
+// privilege is reported here rather than as a failed statement.
 const PreflightServer = `SELECT quote_ident(current_user)::text, current_setting('fsync')::text,
   n.oid IS NOT NULL, coalesce(has_schema_privilege(n.oid, 'USAGE'), false),
-  coalesce((SELECT bool_and(has_function_privilege(p.oid, 'EXECUTE')) FROM pg_proc p
-    WHERE p.pronamespace = n.oid AND p.proname = 'fence_reject'), true)
+  coalesce((SELECT string_agg(DISTINCT p.proname::text, ',') FROM pg_proc p
+    WHERE p.pronamespace = n.oid AND p.proname = ANY (string_to_array($2::text, ','))
+      AND NOT has_function_privilege(p.oid, 'EXECUTE')), '')
 FROM (SELECT 1) AS one LEFT JOIN pg_namespace n ON n.nspname = $1::text`
 
 // PreflightTables reads, for each table of the comma-separated list $2 in
@@ -72,22 +75,24 @@ ORDER BY t.ord`
 //  2. the server is crash-safe: fsync on, else an error wrapping
 //     ErrNotDurable (and leasecore.ErrConfig);
 //  3. the pool's role has USAGE on schema and the privileges tables lists,
-//     and EXECUTE on fence_reject when needReject: else
-//     leasecore.ErrConfig, with every missing GRANT spelled for this role;
+//     and EXECUTE on the functions funcs: else leasecore.ErrConfig, with
+//     every missing GRANT spelled for this role;
 //  4. the tables are the library's and up to date: CheckSchema with want
-//     and needReject (leasecore.ErrSchema).
+//     and funcs (leasecore.ErrSchema).
 //
 // A missing schema or table is left to CheckSchema, which says to run
 // Migrate.
 func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []TablePrivileges,
-	want []pgsql.Column, needReject bool) error {
+	want []pgsql.Column, funcs []string) error {
 	const op = "preflight"
 	if err := leasecore.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	var role, fsync string
-	var schemaExists, usage, execReject bool
-	if err := db.QueryRow(ctx, PreflightServer, schema).Scan(&role, &fsync, &schemaExists, &usage, &execReject); err != nil {
+	var schemaExists, usage bool
+	var noExecute string
+	if err := db.QueryRow(ctx, PreflightServer, schema, strings.Join(funcs, ",")).Scan(
+		&role, &fsync, &schemaExists, &usage, &noExecute); err != nil {
 		return MapError(ctx, pkg, op, err)
 	}
 	if fsync != "on" {
@@ -97,7 +102,7 @@ func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []Tabl
 			pkg, op, ErrNotDurable)
 	}
 	if !schemaExists {
-		return CheckSchema(ctx, db, pkg, schema, want, needReject)
+		return CheckSchema(ctx, db, pkg, schema, want, funcs)
 	}
 	var grants []string
 	if !usage {
@@ -136,12 +141,14 @@ func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []Tabl
 		return MapError(ctx, pkg, op, err)
 	}
 	rows.Close()
-	if needReject && !execReject {
-		grants = append(grants, fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.fence_reject TO %s", schema, role))
+	for _, fn := range funcs {
+		if slices.Contains(strings.Split(noExecute, ","), fn) {
+			grants = append(grants, fmt.Sprintf("GRANT EXECUTE ON FUNCTION %s.%s TO %s", schema, fn, role))
+		}
 	}
 	if len(grants) > 0 {
 		return fmt.Errorf("%s: %s: %w: role %s lacks privileges the store needs: %s", pkg, op, leasecore.ErrConfig, role,
 			strings.Join(grants, "; "))
 	}
-	return CheckSchema(ctx, db, pkg, schema, want, needReject)
+	return CheckSchema(ctx, db, pkg, schema, want, funcs)
 }
