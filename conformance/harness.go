@@ -122,24 +122,29 @@ type AmbiguousOutcomes interface {
 	// Harness's Close), and loseNextAnswer.
 	//
 	// Until loseNextAnswer is called the client works normally. After it
-	// is called, the client's next Acquire, Renew or Release is sent and
-	// carried out by the server in full (for an operation of several
-	// requests, through the request that takes effect), and its answer is
-	// lost on the way back: the call returns an error, which should wrap
-	// leasecore.ErrUnavailable as a lost connection's does. It must not
-	// return nil or the grant. Only that one call is affected; later calls
-	// on the same client must work again, if need be after the client
-	// reconnects on its own (the suite retries a call that fails with
-	// ErrUnavailable for up to 30 seconds). loseNextAnswer is called from
-	// the case's goroutine, never during a call on the client.
+	// is called, the client's next Acquire or Release (the calls X2 makes
+	// ambiguous; a harness may treat Renew the same way) is sent and
+	// carried out by the server in full — for an operation of several
+	// requests, through the request that takes effect: the transaction
+	// that creates or deletes the lease, not a preparatory one — and its
+	// answer is lost on the way back: the call returns an error, which
+	// should wrap leasecore.ErrUnavailable as a lost connection's does
+	// (the suite retries only those). It must not return nil or the
+	// grant. Only that one call is affected; later calls on the same
+	// client must work again, if need be after the client reconnects on
+	// its own (the suite retries a call that fails with ErrUnavailable
+	// for up to 30 seconds). loseNextAnswer is called from the case's
+	// goroutine, never during a call on the client.
 	//
 	// A TCP proxy between this client and the server does it for any
 	// backend: once armed, it forwards the next request, waits for the
 	// server's complete answer to it, drops that answer and closes the
-	// client's connection; new connections are forwarded again. (Warm the
-	// client up first if its first use of a statement takes an extra round
-	// trip, so that the answer dropped is the one of the request that took
-	// effect.)
+	// client's connection; new connections are forwarded again. Warm the
+	// client up first (acquire, renew and release a name of the harness's
+	// own) if its first use of a statement takes an extra round trip, so
+	// that the answer dropped is that of the request that took effect. A
+	// client with interceptors (gRPC) can instead make the real call and
+	// then return an error in place of its answer.
 	AmbiguousLease(ctx context.Context) (lease leasecore.Lease, loseNextAnswer func(), err error)
 }
 
