@@ -41,7 +41,7 @@ func ExampleFence_Commit() {
 		log.Fatal(err)
 	}
 	defer leases.Release(context.WithoutCancel(ctx), g)
-	claim := leasecore.Claim{Scope: "nightly-billing", Writer: g.Holder, Token: g.Token}
+	claim := g.Claim("nightly-billing") // with the token's space: see leasecore.ErrTokenSpace
 	if res, err := fence.Advance(ctx, claim); err != nil {
 		log.Fatal(err)
 	} else if !res.Accepted {

@@ -2,6 +2,7 @@ package fenceetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -26,7 +27,27 @@ import (
 // escaped with url.PathEscape:
 //
 //	<prefix>/floor/<scope>                         the floor, a 20-digit zero-padded decimal
+//	<prefix>/floorspace/<scope>                    "<20-digit token> <space>": the token space of
+//	                                               the claim that raised the floor to that token
 //	<prefix>/attempt/<scope>/<20-digit ns>-<8 hex> JSON {writer, token, accepted, floor, at}
+//
+// # Token spaces
+//
+// Tokens are comparable only within one lease service (leasecore's
+// ErrTokenSpace): a scope is fenced by exactly one. When a claim names its
+// token space (leasecore.Claim.Space, e.g. "etcd:<cluster id>" from this
+// package's LeaseStore or "postgres:<uuid>" from fencepg's), the
+// transaction that raises the floor to its token also puts that space,
+// bound to the token, in the floorspace key. A rejection then reads the
+// floor and that key (one more request, on the rejection path only; a
+// claim without a space reads nothing) and, when both spaces are known and
+// differ, returns the rejected Result together with a
+// *leasecore.TokenSpaceError (errors.Is leasecore.ErrTokenSpace) naming
+// both: a scope fenced by two lease services, not a stale holder. A
+// floorspace value whose token is not the floor's (a floor raised by a
+// claim without a space, or by an earlier version of this package, which
+// writes no floorspace key) says nothing, and the rejection is an ordinary
+// one. The guarded transaction of the accepted path is unchanged.
 //
 // # Why I3 holds
 //
@@ -49,7 +70,9 @@ import (
 //	Commit, floor == token (the same holder again)   Txn
 //	Commit, floor absent or below the token          Txn + Txn (advance) + Txn
 //	Commit, rejected                                  Txn (+ Put of its log record)
+//	                                                  (+ Txn reading floor and space, for a claim with a space)
 //	Advance                                           Txn (+ Put of the log record of a rejection)
+//	                                                  (+ Txn reading floor and space, as above)
 //	Attempts                                          Range
 //	PruneAttempts                                     DeleteRange
 //
@@ -126,9 +149,12 @@ func (f *Fence) Guard(c leasecore.Claim) clientv3.Cmp {
 //
 // (The compare is inverted so that a scope without a floor, on which etcd
 // fails every value compare, takes the accepting branch.) It is accepted
-// when the floor was at most c.Token, and the floor is then c.Token; it is
-// rejected when the floor is larger, and Result.Floor is that floor. A
-// rejection is a Result, not an error.
+// when the floor was at most c.Token, and the floor is then c.Token (with a
+// c.Space, the same transaction stores it with the floor in the floorspace
+// key); it is rejected when the floor is larger, and Result.Floor is that
+// floor. A rejection is a Result, not an error — but for a floor from
+// another token space, which comes with a *leasecore.TokenSpaceError (see
+// Fence).
 //
 // A new holder calls it right after acquiring: from then on a stale holder
 // of the scope is cut off, also before the new holder's first data write,
@@ -153,7 +179,7 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 	if err != nil || res.Accepted {
 		return res, err
 	}
-	return res, f.logRejection(ctx, op, key, etcdkv.NewClaimAttemptRecord(c, false, res.Floor, at))
+	return res, f.rejected(ctx, op, c, key, etcdkv.NewClaimAttemptRecord(c, false, res.Floor, at))
 }
 
 // Commit runs the caller's transaction t under the fence for claim c and
@@ -173,7 +199,8 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // Header is the whole request's, with the revision of the commit).
 // Rejected: nothing of t was applied, the response is nil, and
 // Result.Floor is the larger floor that beat c.Token. A rejection is a
-// Result, not an error.
+// Result, not an error — but for a floor from another token space, which
+// comes with a *leasecore.TokenSpaceError (see Fence).
 //
 // When the guard fails, the floor read in the same request decides: above
 // c.Token, the claim is rejected; absent or below it (the first write of a
@@ -249,7 +276,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		}
 		if floor > c.Token {
 			res := leasecore.Result{Floor: floor}
-			return res, nil, f.logRejection(ctx, op, attemptKey, record(false, floor))
+			return res, nil, f.rejected(ctx, op, c, attemptKey, record(false, floor))
 		}
 		if advanced {
 			// The floor was at least c.Token after our Advance and only
@@ -262,20 +289,25 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return leasecore.Result{}, nil, err
 		}
 		if !res.Accepted {
-			return res, nil, f.logRejection(ctx, op, attemptKey, record(false, res.Floor))
+			return res, nil, f.rejected(ctx, op, c, attemptKey, record(false, res.Floor))
 		}
 	}
 }
 
 // advance raises the floor of c.Scope to c.Token unless it is larger, in
-// one transaction, with extra (the accepted attempt's log record) in the
-// accepting branch.
+// one transaction, with c.Space bound to the token in the floorspace key
+// (when the claim names one) and extra (the accepted attempt's log record)
+// in the accepting branch.
 func (f *Fence) advance(ctx context.Context, op string, c leasecore.Claim, extra ...clientv3.Op) (leasecore.Result, error) {
 	floorKey, enc := f.layout.Floor(c.Scope), etcdkv.EncodeToken(c.Token)
+	raise := []clientv3.Op{clientv3.OpPut(floorKey, enc)}
+	if c.Space != "" {
+		raise = append(raise, clientv3.OpPut(f.layout.FloorSpace(c.Scope), etcdkv.EncodeFloorSpace(c.Token, c.Space)))
+	}
 	resp, err := f.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.Value(floorKey), ">", enc)).
 		Then(clientv3.OpGet(floorKey)).
-		Else(append([]clientv3.Op{clientv3.OpPut(floorKey, enc)}, extra...)...).
+		Else(append(raise, extra...)...).
 		Commit()
 	if err != nil {
 		return leasecore.Result{}, etcdkv.MapError(ctx, pkg, op, err)
@@ -288,6 +320,45 @@ func (f *Fence) advance(ctx context.Context, op string, c leasecore.Claim, extra
 		return leasecore.Result{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	return leasecore.Result{Floor: floor}, nil
+}
+
+// rejected is what follows a rejection of c: its log record (logRejection)
+// and the diagnosis of a floor from another token space (spaceError).
+func (f *Fence) rejected(ctx context.Context, op string, c leasecore.Claim, key string, rec etcdkv.AttemptRecord) error {
+	logErr := f.logRejection(ctx, op, key, rec)
+	return errors.Join(f.spaceError(ctx, op, c), logErr)
+}
+
+// spaceError is the rejection path's diagnosis: when c names its token
+// space, it reads the scope's floor and floorspace keys in one read-only
+// transaction and returns a *leasecore.TokenSpaceError when the floorspace
+// key belongs to the current floor (its token is the floor) and names
+// another space. It returns nil for an ordinary rejection and for a claim
+// without a space (then nothing is read).
+func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) error {
+	if c.Space == "" {
+		return nil
+	}
+	resp, err := f.kv.Txn(ctx).Then(clientv3.OpGet(f.layout.Floor(c.Scope)), clientv3.OpGet(f.layout.FloorSpace(c.Scope))).Commit()
+	if err != nil {
+		return etcdkv.MapError(ctx, pkg, op+": read the floor's token space", err)
+	}
+	floor, err := etcdkv.FloorOf(resp.Responses[0].GetResponseRange().Kvs)
+	if err != nil {
+		return fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	kvs := resp.Responses[1].GetResponseRange().Kvs
+	if len(kvs) == 0 {
+		return nil
+	}
+	token, space, err := etcdkv.DecodeFloorSpace(string(kvs[0].Value))
+	if err != nil {
+		return fmt.Errorf("%s: %s: key %q: %w", pkg, op, kvs[0].Key, err)
+	}
+	if token != floor {
+		return nil // written with an earlier floor: the current one's space is unknown
+	}
+	return leasecore.TokenSpaceMismatch(op, c, floor, space)
 }
 
 // logRejection stores a rejected attempt's record, unless the log is off.

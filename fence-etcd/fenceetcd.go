@@ -66,12 +66,21 @@
 //	Fence.Commit, floor == token     Txn
 //	Fence.Commit, first              Txn + Txn (advance) + Txn
 //	Fence.Commit, rejected           Txn + Put (its log record; none with LogNone)
+//	                                 + Txn (the floor's token space; claims with a Space only)
 //	Resource.Write, WriteBatch       as Fence.Commit
 //	Fence.Attempts, PruneAttempts    Range, DeleteRange
 //
 // For comparison, etcd's concurrency.Mutex on one concurrency.Session
 // costs a Txn to Lock and a DeleteRange to Unlock, after a Grant and a
 // keep-alive stream per session.
+//
+// # Token spaces
+//
+// A Grant's Space is "etcd:<cluster id in hex>": tokens are revisions of
+// the whole cluster, so all prefixes and stores of one cluster share one
+// token space. A Fence stores the space of the claim that raised a floor
+// and reports a rejection by a floor from another space as a
+// *leasecore.TokenSpaceError (see Fence).
 //
 // # What etcd does not keep
 //

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -122,7 +124,9 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 //
 // Grant.TTL is ttl even when the server granted more (it raises a TTL below
 // its minimum): the holder's local deadline then falls even earlier before
-// the real expiry, which is the safe direction.
+// the real expiry, which is the safe direction. Grant.Space is the
+// cluster's token space, "etcd:<cluster id in hex>", from the transaction's
+// response header: tokens are revisions of the whole cluster.
 //
 // In shared mode (WithSharedLeases) the transaction puts the key with the
 // holder's shared etcd lease instead, granted or refreshed only when needed
@@ -178,7 +182,29 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 		return leasecore.Grant{}, &leasecore.HoldError{Op: op, Name: name, Holder: holder,
 			Reason: s.heldReason(ctx, key), Err: leasecore.ErrHeld}
 	}
-	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl, Start: start}, nil
+	return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl, Start: start,
+		Space: tokenSpace(resp.Header)}, nil
+}
+
+// tokenSpace is the token space of the revisions a response's header
+// comes from: "etcd:" and the cluster's ID in hex, as etcd prints member
+// and cluster IDs. A token is a create revision, and the revision is one
+// counter for the whole cluster, so every prefix and every store on one
+// cluster share one token space, and another cluster (another ID) has
+// another. Every response of etcd's v3 API carries the cluster ID in its
+// header (etcdserverpb.ResponseHeader); "" when it does not (a zero ID).
+//
+// A cluster made again with the same initial configuration (member names,
+// peer URLs and --initial-cluster-token) gets the same ID while its
+// revisions start again at 1: etcd derives the ID from that configuration.
+// Its tokens are then not told apart from the old cluster's; a distinct
+// --initial-cluster-token per cluster, which etcd recommends anyway, avoids
+// it.
+func tokenSpace(h *etcdserverpb.ResponseHeader) string {
+	if h.GetClusterId() == 0 {
+		return ""
+	}
+	return "etcd:" + strconv.FormatUint(h.GetClusterId(), 16)
 }
 
 // putIfAbsent is Acquire's transaction: it creates key with value holder,
@@ -230,7 +256,7 @@ func (s *LeaseStore) revoke(ctx context.Context, id clientv3.LeaseID) {
 // In shared mode the etcd lease kept alive is the holder's shared lease, so
 // this renews every name of g.Holder with g.TTL, not g's alone (see
 // LeaseStore), and it counts as the shared lease's refresh for later
-// acquires.
+// acquires. The returned grant's Space is the cluster's, as Acquire's.
 func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
 	const op = "renew"
 	if err := s.checkGrant(ctx, op, g); err != nil {
@@ -246,6 +272,7 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 	// Read before sending: the lessor extends from when it handles the
 	// keep-alive, so Start + TTL is never later than the new expiry.
 	id := clientv3.LeaseID(resp.Kvs[0].Lease)
+	space := tokenSpace(resp.Header)
 	start := time.Now()
 	_, err = s.leases.KeepAliveOnce(ctx, id)
 	switch {
@@ -257,7 +284,7 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	}
 	s.sharedRefreshed(g.Holder, g.TTL, id, start)
-	g.Start = start
+	g.Start, g.Space = start, space
 	return g, nil
 }
 

@@ -41,7 +41,7 @@ const keepAliveParallel = 16
 // keep-alive per name, up to 16 at a time: correct, but the slow path.
 //
 // renewed[i] is gs[i] with a new Start — the time read before the keep-alive
-// of its etcd lease — and lost[i] is nil; or lost[i] is a
+// of its etcd lease — and the cluster's Space (as Acquire's), and lost[i] is nil; or lost[i] is a
 // *leasecore.HoldError wrapping leasecore.ErrLost (Op "renew") whose Reason
 // says, as Renew's does, why: the key is gone ("no such lease (expired or
 // released)"), carries another token or holder, or its etcd lease expired
@@ -60,7 +60,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) (renewe
 				Reason: "must be a whole number of seconds: etcd lease TTLs are whole seconds"}
 		}
 	}
-	kvs, err := s.readLeaseKeys(ctx, op, gs)
+	kvs, space, err := s.readLeaseKeys(ctx, op, gs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -97,7 +97,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) (renewe
 		}
 		for _, i := range idx {
 			g := gs[i]
-			g.Start = starts[k]
+			g.Start, g.Space = starts[k], space
 			renewed[i] = g
 		}
 		s.sharedRefreshed(gs[idx[0]].Holder, gs[idx[0]].TTL, id, starts[k])
@@ -107,9 +107,11 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) (renewe
 
 // readLeaseKeys reads the lease key of every grant, MaxTxnOps keys per
 // read-only transaction, and returns each key's result (empty when the key
-// does not exist), in the order of gs.
-func (s *LeaseStore) readLeaseKeys(ctx context.Context, op string, gs []leasecore.Grant) ([][]*mvccpb.KeyValue, error) {
+// does not exist), in the order of gs, and the cluster's token space from
+// the responses' headers (see tokenSpace).
+func (s *LeaseStore) readLeaseKeys(ctx context.Context, op string, gs []leasecore.Grant) ([][]*mvccpb.KeyValue, string, error) {
 	out := make([][]*mvccpb.KeyValue, len(gs))
+	space := ""
 	for lo := 0; lo < len(gs); lo += MaxTxnOps {
 		hi := min(lo+MaxTxnOps, len(gs))
 		gets := make([]clientv3.Op, 0, hi-lo)
@@ -120,16 +122,17 @@ func (s *LeaseStore) readLeaseKeys(ctx context.Context, op string, gs []leasecor
 		// served like a linearizable range read.
 		resp, err := s.kv.Txn(ctx).Then(gets...).Commit()
 		if err != nil {
-			return nil, etcdkv.MapError(ctx, pkg, op, err)
+			return nil, "", etcdkv.MapError(ctx, pkg, op, err)
 		}
 		if len(resp.Responses) != hi-lo {
-			return nil, fmt.Errorf("%s: %s: etcd answered %d reads with %d results", pkg, op, hi-lo, len(resp.Responses))
+			return nil, "", fmt.Errorf("%s: %s: etcd answered %d reads with %d results", pkg, op, hi-lo, len(resp.Responses))
 		}
 		for j, r := range resp.Responses {
 			out[lo+j] = r.GetResponseRange().GetKvs()
 		}
+		space = tokenSpace(resp.Header)
 	}
-	return out, nil
+	return out, space, nil
 }
 
 // keepAliveAll sends one KeepAliveOnce per etcd lease in ids, up to

@@ -75,7 +75,8 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 //
 // An equal token is accepted (the same holding period writing again); a
 // lower one is rejected whichever part it targets, and the floor and the
-// part are left alone. A rejection is a Result, not an error. Result.Floor
+// part are left alone. A rejection is a Result, not an error (but for a
+// floor from another token space, see Fence). Result.Floor
 // is the floor after the attempt: w.Token when accepted, the larger floor
 // when rejected. The part is carried once in each request, so a write of
 // leasecore.MaxContentLen bytes (base64 in its record) stays inside etcd's
@@ -128,7 +129,7 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 		w := leasecore.Write{Scope: b.Scope, Part: p.Part, Content: p.Content, Writer: b.Writer, Token: b.Token}
 		parts[i] = clientv3.OpPut(r.fence.layout.Part(b.Scope, p.Part), etcdkv.NewPartRecordAt(w, at).Encode())
 	}
-	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token}
+	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token, Space: b.Space}
 	res, _, err := r.fence.commit(ctx, op, c, Txn{Then: parts}, at,
 		func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
 			return etcdkv.NewBatchAttemptRecord(b, accepted, floor, at)

@@ -221,7 +221,7 @@ func (s *LeaseStore) acquireShared(ctx context.Context, name, holder string, ttl
 		// sharedLease keeps refreshed within ttl/3 of now, so a new hold
 		// has at least 2/3 of its TTL left.
 		return leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl,
-			Start: refreshed}, nil
+			Start: refreshed, Space: tokenSpace(resp.Header)}, nil
 	}
 }
 

@@ -239,6 +239,27 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	step("Fence.Commit, first of a scope", "Txn Txn Txn", commit(fence, leasecore.Claim{Scope: "job-2", Writer: "holder-b", Token: newer.Token}, true))
+	// Claims that name their token space: the accepted path is what it
+	// was (the space rides in the advance's Txn), and only a rejection
+	// reads the floor and its space, one Txn more.
+	spaced := leasecore.Claim{Scope: "job-3", Writer: "holder-b", Token: newer.Token, Space: "test:a"}
+	step("Fence.Advance, claim with a space", "Txn", func() error {
+		r, err := fence.Advance(ctx, spaced)
+		if err == nil && !r.Accepted {
+			err = fmt.Errorf("rejected: %+v", r)
+		}
+		return err
+	})
+	step("Fence.Commit, claim with a space, floor == token", "Txn", commit(fence, spaced, true))
+	step("Fence.Commit, claim with a space, rejected (log, then the floor's space)", "Txn Put Txn",
+		commit(fence, leasecore.Claim{Scope: "job-3", Writer: "holder-a", Token: older.Token, Space: "test:a"}, false))
+	step("Fence.Commit, claim of another space, rejected (log, then the floor's space)", "Txn Put Txn", func() error {
+		r, _, err := fence.Commit(ctx, leasecore.Claim{Scope: "job-3", Writer: "holder-c", Token: older.Token, Space: "test:b"}, own)
+		if !errors.Is(err, leasecore.ErrTokenSpace) || r.Accepted {
+			return fmt.Errorf("%+v, %v; want a rejection with ErrTokenSpace", r, err)
+		}
+		return nil
+	})
 	step("Fence.Attempts", "Range", func() error {
 		as, err := fence.Attempts(ctx, leasecore.AttemptQuery{Scope: "job", Limit: 100})
 		if err == nil && len(as) != 2 {

@@ -66,6 +66,24 @@ func TestDecodeTokenRejects(t *testing.T) {
 	}
 }
 
+// TestFloorSpaceEncoding: a floor's token-space value carries the token it
+// belongs to and the space, whatever the space holds (spaces are
+// identifiers: no control characters, but spaces inside are allowed), and
+// anything else is refused.
+func TestFloorSpaceEncoding(t *testing.T) {
+	for _, space := range []string{"etcd:8e9e05c52164694d", "postgres:6f1c3e2a-0b7d-4c55-9a43-2f0f4b8f6d11", "a b"} {
+		v := EncodeFloorSpace(16, space)
+		if tok, got, err := DecodeFloorSpace(v); err != nil || tok != 16 || got != space {
+			t.Errorf("DecodeFloorSpace(%q) = %d, %q, %v", v, tok, got, err)
+		}
+	}
+	for _, v := range []string{"", EncodeToken(16), EncodeToken(16) + " ", "16 etcd:1", "x" + EncodeToken(16)[1:] + " etcd:1"} {
+		if tok, space, err := DecodeFloorSpace(v); err == nil {
+			t.Errorf("DecodeFloorSpace(%q) = %d, %q, want an error", v, tok, space)
+		}
+	}
+}
+
 func TestLayout(t *testing.T) {
 	l, err := NewLayout("test", Options{Prefix: "/p"})
 	if err != nil {
@@ -79,6 +97,7 @@ func TestLayout(t *testing.T) {
 		{l.Part("a/b", "c"), "/p/part/a%2Fb/c"},
 		{l.Part("a", "b/c"), "/p/part/a/b%2Fc"},
 		{l.AttemptPrefix("a"), "/p/attempt/a/"},
+		{l.FloorSpace("a/b"), "/p/floorspace/a%2Fb"},
 		{l.PartToken("s", "p"), "/p/parttoken/s/p"},
 		{l.Published("s", "p"), "/p/published/s/p"},
 	} {
@@ -104,7 +123,7 @@ func TestLayout(t *testing.T) {
 	if got := l.AttemptsAt("s", time.Time{}); got != "/p/attempt/s/00000000000000000000" {
 		t.Errorf("AttemptsAt(zero time) = %q", got)
 	}
-	if got := l.Fenced(); strings.Join(got, " ") != "/p/floor/ /p/attempt/" {
+	if got := l.Fenced(); strings.Join(got, " ") != "/p/floor/ /p/floorspace/ /p/attempt/" {
 		t.Errorf("Fenced() = %q", got)
 	}
 }

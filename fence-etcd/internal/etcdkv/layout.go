@@ -33,6 +33,8 @@ func NewOptions() Options { return Options{Prefix: DefaultPrefix} }
 //
 //	<prefix>/lease/<name>                  value: holder; attached to the etcd lease
 //	<prefix>/floor/<scope>                 value: the scope's floor, EncodeToken
+//	<prefix>/floorspace/<scope>            value: EncodeFloorSpace (the token space of the token
+//	                                       that last raised the floor, and that token)
 //	<prefix>/part/<scope>/<part>           value: PartRecord (JSON)
 //	<prefix>/attempt/<scope>/<20-digit unix ns>-<8 hex>
 //	                                       value: AttemptRecord (JSON)
@@ -89,6 +91,13 @@ func (l Layout) Lease(name string) string { return l.key("lease", name) }
 // Floor is the key of scope's floor.
 func (l Layout) Floor(scope string) string { return l.key("floor", scope) }
 
+// FloorSpace is the key of the token space of scope's floor: a key of its
+// own rather than part of the floor's value, because Fence.Guard compares
+// the floor's whole value with the encoded token (an etcd compare has no
+// prefix match), and floors written by earlier versions, and the readers of
+// those versions, keep working unchanged.
+func (l Layout) FloorSpace(scope string) string { return l.key("floorspace", scope) }
+
 // Part is the key of one part's content.
 func (l Layout) Part(scope, part string) string { return l.key("part", scope, part) }
 
@@ -118,11 +127,11 @@ func (l Layout) AttemptsAt(scope string, t time.Time) string {
 	return fmt.Sprintf("%s%0*d", l.AttemptPrefix(scope), tokenDigits, ns)
 }
 
-// Fenced are the prefixes of the keys a fence owns, floors and attempt
-// logs: a caller's transaction run under the fence must not write there
-// (fenceetcd.Fence.Commit refuses it).
+// Fenced are the prefixes of the keys a fence owns, floors, their token
+// spaces and attempt logs: a caller's transaction run under the fence must
+// not write there (fenceetcd.Fence.Commit refuses it).
 func (l Layout) Fenced() []string {
-	return []string{l.prefix + "/floor/", l.prefix + "/attempt/"}
+	return []string{l.prefix + "/floor/", l.prefix + "/floorspace/", l.prefix + "/attempt/"}
 }
 
 // PartToken is the key of the row-fenced control's per-part token.

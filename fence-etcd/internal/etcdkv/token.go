@@ -3,6 +3,7 @@ package etcdkv
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -33,4 +34,28 @@ func DecodeToken(s string) (leasecore.Token, error) {
 		return 0, fmt.Errorf("token value %q: %w", s, err)
 	}
 	return leasecore.Token(n), nil
+}
+
+// EncodeFloorSpace returns the value of a floor's token-space key
+// (Layout.FloorSpace): the token that raised the floor, encoded, a space,
+// and the token's space. It is written in the transaction that raises the
+// floor to t. The token binds the space to that floor: a floor raised later
+// by a claim without a space, or by a version that does not write this key,
+// leaves a value whose token is not the floor's, which DecodeFloorSpace's
+// caller then ignores.
+func EncodeFloorSpace(t leasecore.Token, space string) string {
+	return EncodeToken(t) + " " + space
+}
+
+// DecodeFloorSpace parses a value EncodeFloorSpace produced.
+func DecodeFloorSpace(s string) (leasecore.Token, string, error) {
+	enc, space, ok := strings.Cut(s, " ")
+	if !ok || space == "" {
+		return 0, "", fmt.Errorf("token space value %q is not <token> <space>", s)
+	}
+	t, err := DecodeToken(enc)
+	if err != nil {
+		return 0, "", err
+	}
+	return t, space, nil
 }
