@@ -48,7 +48,10 @@ func ExampleFence_RunTx() {
 		log.Fatal(err)
 	}
 	defer sess.Close(context.WithoutCancel(ctx))
-	claim := leasecore.Claim{Scope: "invoices", Writer: "host-1", Token: sess.Token()}
+	// Scope, writer (the holder), token and the token's space: with the
+	// space, a write rejected because the scope is fenced by another lease
+	// service fails with leasecore.ErrTokenSpace instead of looking stale.
+	claim := sess.Claim("invoices")
 
 	// Cut off any older holder at once, before this one has written anything.
 	if res, err := fence.Advance(ctx, claim); err != nil {
