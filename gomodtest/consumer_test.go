@@ -259,7 +259,7 @@ func consumerEnv(t *testing.T, gobin, proxy, version string) []string {
 	purge()
 	t.Cleanup(purge)
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		for _, k := range []string{"GOWORK=", "GOPROXY=", "GOFLAGS=", "GONOSUMDB=", "GOSUMDB=", "GOPRIVATE=", "GONOPROXY="} {
+		for _, k := range []string{"GOWORK=", "GOPROXY=", "GOFLAGS=", "GONOSUMDB=", "GOSUMDB=", "GOPRIVATE=", "GONOPROXY=", "GODEBUG="} {
 			if strings.HasPrefix(kv, k) {
 				return true
 			}
@@ -274,6 +274,15 @@ func consumerEnv(t *testing.T, gobin, proxy, version string) []string {
 		// The generated modules are not in the public checksum database;
 		// checksums are not what this test is about.
 		"GOSUMDB=off",
+		// No module index: the go command indexes a package's files and
+		// imports per module-cache directory, keyed by its path alone
+		// (module@version content is immutable), and keeps the index in
+		// the build cache, which purge does not touch. This test publishes
+		// v0.1.0 again with every run, so after an import was added to a
+		// non-test package the index of the last run still lacked it and
+		// the consumer's build failed ("could not import ... (open : no
+		// such file or directory)").
+		"GODEBUG=goindex=0",
 	)
 }
 
