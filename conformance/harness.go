@@ -19,9 +19,9 @@ type NewHarness func(ctx context.Context) (Harness, error)
 // HolderProcesses, CrashRestarter, UserDataResources, AmbiguousOutcomes). A
 // backend that deliberately lacks one declares it in Traits.Absent; a case
 // that needs an ability the harness neither implements nor declares absent
-// fails, so nothing passes by being forgotten. (An ability added after
-// the repository's own harnesses were written — for now AmbiguousOutcomes
-// — makes such a case skip instead, saying so, until they catch up.)
+// fails, so nothing passes by being forgotten. (An ability listed in
+// graceAbilities, run.go — none today — makes such a case skip instead,
+// saying so, while the repository's own harnesses catch up with it.)
 type Harness interface {
 	// Traits describes the backend.
 	Traits() Traits

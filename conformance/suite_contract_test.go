@@ -534,15 +534,16 @@ func (h withoutAmbiguity) Traits() conformance.Traits {
 }
 
 // X2's lost-answer sections skip, printing why, for a harness that
-// declares AmbiguousOutcomes absent, and — while the ability is new
-// (graceAbilities) — for one that does not declare it either; the other
-// sections run.
+// declares AmbiguousOutcomes absent, and fail for one that neither
+// implements nor declares it; the other sections run in both.
 func TestX2WithoutAmbiguousOutcomes(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct{ reason, want string }{
-		{"no proxy in front of this server", "  skip ambiguous outcomes: no proxy in front of this server"},
-		{"", "  skip ambiguous outcomes: the harness neither implements *conformance.AmbiguousOutcomes nor declares it absent; " +
-			"the ability is new (issue 15), so this skips until the harness is updated instead of failing"},
+	for _, tc := range []struct {
+		reason, want string
+		failed       int
+	}{
+		{"no proxy in front of this server", "  skip ambiguous outcomes: no proxy in front of this server", 0},
+		{"", "  FAIL the harness neither implements *conformance.AmbiguousOutcomes (ambiguous outcomes) nor declares it absent in Traits.Absent", 2},
 	} {
 		sum, out := report(t, func(ctx context.Context) (conformance.Harness, error) {
 			h, _ := newMemHarness(ctx)
@@ -551,8 +552,8 @@ func TestX2WithoutAmbiguousOutcomes(t *testing.T) {
 		if n := strings.Count(out, tc.want); n != 2 {
 			t.Errorf("%q printed %d times, want 2 (retried release, lost acquire answer):\n%s", tc.want, n, out)
 		}
-		if sum.Failed != 0 || !strings.Contains(out, "  -- second client\n  ok   ") {
-			t.Errorf("failed=%d, or the other sections did not run:\n%s", sum.Failed, out)
+		if sum.Failed != tc.failed || !strings.Contains(out, "  -- second client\n  ok   ") {
+			t.Errorf("failed=%d (want %d), or the other sections did not run:\n%s", sum.Failed, tc.failed, out)
 		}
 	}
 }

@@ -266,14 +266,18 @@ func (h *harness) dial(ctx context.Context) (*clientv3.Client, error) {
 // after F8's restart a client could then sleep through the short TTL of
 // the lease the case wants to see again.
 func Dial(ctx context.Context, endpoints []string) (*clientv3.Client, error) {
+	return dial(ctx, endpoints)
+}
+
+func dial(ctx context.Context, endpoints []string, extra ...grpc.DialOption) (*clientv3.Client, error) {
 	const op = "dial"
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: endpoints,
 		Logger:    zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
 			MinConnectTimeout: 5 * time.Second,
-		})},
+		})}, extra...),
 	})
 	if err != nil {
 		return nil, etcdkv.MapError(ctx, pkg, op, err)

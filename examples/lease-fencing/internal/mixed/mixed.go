@@ -93,6 +93,23 @@ func (h *harness) OpenLease(ctx context.Context) (leasecore.Lease, error) {
 	return fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(h.prefix))
 }
 
+// AmbiguousLease implements conformance.AmbiguousOutcomes on the etcd side:
+// a client whose next lease transaction's answer can be lost.
+func (h *harness) AmbiguousLease(ctx context.Context) (leasecore.Lease, func(), error) {
+	cli, lose, err := etcdconformance.DialLosingAnswers(ctx, h.cfg.EtcdEndpoints)
+	if err != nil {
+		return nil, nil, err
+	}
+	h.mu.Lock()
+	h.clients = append(h.clients, cli)
+	h.mu.Unlock()
+	store, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(h.prefix))
+	if err != nil {
+		return nil, nil, err
+	}
+	return store, lose, nil
+}
+
 // The resource side, forwarded to the PostgreSQL harness.
 
 func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error) {
