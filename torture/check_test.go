@@ -1,0 +1,200 @@
+package torture
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Each checker, on histories written by hand: a correct one passes them
+// all, and each broken rule is caught by the checker named for it. The
+// negative controls of TestTorture show the same on real servers.
+
+// hist builds a history; times are in milliseconds.
+type hist struct{ ops []*Op }
+
+func (h *hist) add(op Op) *Op {
+	op.ID = len(h.ops)
+	op.Invoke *= int64(time.Millisecond)
+	op.Return *= int64(time.Millisecond)
+	h.ops = append(h.ops, &op)
+	return &op
+}
+
+func (h *hist) acquire(client int, holder string, token uint64, inv, ret int64) {
+	h.add(Op{Client: client, Holder: holder, Kind: KindAcquire, Token: token, Outcome: OutOK, Invoke: inv, Return: ret})
+}
+
+func (h *hist) advance(client int, token uint64, out Outcome, floor uint64, inv, ret int64) {
+	h.add(Op{Client: client, Holder: "h", Kind: KindAdvance, Token: token, Outcome: out, Floor: floor, Invoke: inv, Return: ret})
+}
+
+func (h *hist) write(client int, token uint64, mask uint8, content string, out Outcome, floor uint64, inv, ret int64) {
+	h.add(Op{Client: client, Holder: "h", Kind: KindWrite, Token: token, Mask: mask, Content: content,
+		Outcome: out, Floor: floor, Invoke: inv, Return: ret})
+}
+
+// read adds a read showing floor and, in both tables, cells.
+func (h *hist) read(floor uint64, cells [NumParts]Cell, inv, ret int64) Snapshot {
+	snap := Snapshot{Floor: floor, Tables: [2][NumParts]Cell{cells, cells}}
+	h.add(Op{Client: 0, Holder: "reader", Kind: KindRead, Outcome: OutOK, Read: &snap, Invoke: inv, Return: ret})
+	return snap
+}
+
+func check(t *testing.T, h *hist, final Snapshot, i2 *i2Run, noFloor bool) checkResult {
+	t.Helper()
+	if i2 == nil {
+		i2 = newI2Run()
+	}
+	return checkHistory(h.ops, final, i2, 0, checkOptions{noFloor: noFloor, linTimeout: 10 * time.Second})
+}
+
+func checkers(res checkResult) []string {
+	var cs []string
+	for _, v := range res.violations {
+		if !slices.Contains(cs, v.Checker) {
+			cs = append(cs, v.Checker)
+		}
+	}
+	slices.Sort(cs)
+	return cs
+}
+
+func expectCheckers(t *testing.T, res checkResult, want ...string) {
+	t.Helper()
+	slices.Sort(want)
+	if got := checkers(res); !slices.Equal(got, want) {
+		t.Errorf("checkers fired: %v, want %v; violations:\n%v", got, want, res.violations)
+	}
+}
+
+// A holder takes over from a stale one; the stale one's late write is
+// rejected; an unknown write of the new one may or may not have landed.
+func correctHistory() (*hist, Snapshot) {
+	h := &hist{}
+	h.acquire(1, "a", 1, 0, 1)
+	h.advance(1, 1, OutAccepted, 1, 2, 3)
+	h.write(1, 1, 0b0011, "a1", OutAccepted, 1, 4, 5)
+	h.acquire(2, "b", 2, 10, 11)
+	h.advance(2, 2, OutAccepted, 2, 12, 13)
+	h.write(2, 2, 0b0110, "b1", OutAccepted, 2, 14, 15)
+	h.write(1, 1, 0b1000, "a2", OutRejected, 2, 16, 17) // the stale holder
+	h.read(2, [NumParts]Cell{{1, "a1"}, {2, "b1"}, {2, "b1"}, {}}, 18, 19)
+	h.write(2, 2, 0b1000, "b2", OutUnknown, 0, 20, 0) // never returned
+	final := h.read(2, [NumParts]Cell{{1, "a1"}, {2, "b1"}, {2, "b1"}, {2, "b2"}}, 30, 31)
+	return h, final
+}
+
+func TestCheckersPassCorrectHistory(t *testing.T) {
+	h, final := correctHistory()
+	res := check(t, h, final, nil, false)
+	expectCheckers(t, res)
+	if res.lin != porcupine.Ok {
+		t.Errorf("linearizability: %v, want Ok", res.lin)
+	}
+}
+
+func TestUnknownWriteBranches(t *testing.T) {
+	// The same history where the unknown write never landed is fine too.
+	h, _ := correctHistory()
+	h.ops = h.ops[:len(h.ops)-1]
+	final := h.read(2, [NumParts]Cell{{1, "a1"}, {2, "b1"}, {2, "b1"}, {}}, 30, 31)
+	expectCheckers(t, check(t, h, final, nil, false))
+}
+
+func TestI3CatchesStaleWriteAccepted(t *testing.T) {
+	h := &hist{}
+	h.write(1, 2, 0b0001, "b1", OutAccepted, 2, 0, 1)
+	h.write(2, 1, 0b0001, "a1", OutAccepted, 1, 5, 6) // invoked after token 2 was acknowledged
+	final := h.read(2, [NumParts]Cell{{1, "a1"}}, 10, 11)
+	// Token 2's acknowledged write is gone too.
+	expectCheckers(t, check(t, h, final, nil, false), chkI3, chkFinal, chkLost, chkLin)
+}
+
+func TestI3ConcurrentIsNoViolation(t *testing.T) {
+	// Token 1's write was invoked before token 2's was acknowledged: I3 in
+	// real time does not apply, and an order exists (1 before 2).
+	h := &hist{}
+	h.write(1, 2, 0b0001, "b1", OutAccepted, 2, 0, 10)
+	h.write(2, 1, 0b0001, "a1", OutAccepted, 1, 5, 6)
+	final := h.read(2, [NumParts]Cell{{2, "b1"}}, 20, 21)
+	expectCheckers(t, check(t, h, final, nil, false))
+}
+
+func TestI2CatchesReuseAndOrderAcrossHistories(t *testing.T) {
+	i2 := newI2Run()
+	h := &hist{}
+	h.acquire(1, "a", 5, 0, 1)
+	expectCheckers(t, check(t, h, Snapshot{}, i2, false))
+	h2 := &hist{}
+	h2.acquire(1, "b", 5, 100, 101) // a crash took token 5 back
+	h2.acquire(2, "c", 4, 110, 111) // and a smaller one after it
+	res := checkHistory(h2.ops, Snapshot{}, i2, 1, checkOptions{linTimeout: time.Second})
+	expectCheckers(t, res, chkI2Reuse, chkI2Order)
+}
+
+func TestLostAcknowledgedWrite(t *testing.T) {
+	h := &hist{}
+	h.advance(1, 3, OutAccepted, 3, 0, 1)
+	h.write(1, 3, 0b0001, "c1", OutAccepted, 3, 2, 3)
+	h.read(0, [NumParts]Cell{}, 10, 11) // after a crash: nothing of it
+	final := h.read(3, [NumParts]Cell{{3, "c1"}}, 20, 21)
+	expectCheckers(t, check(t, h, final, nil, false), chkLost, chkLin)
+}
+
+func TestFinalStateCatchesRejectedWriteThatLanded(t *testing.T) {
+	h := &hist{}
+	h.advance(1, 2, OutAccepted, 2, 0, 1)
+	h.write(2, 1, 0b0001, "a1", OutRejected, 2, 5, 6)
+	final := h.read(2, [NumParts]Cell{{1, "a1"}}, 10, 11)
+	expectCheckers(t, check(t, h, final, nil, false), chkFinal, chkLin)
+}
+
+func TestLinearizabilityCatchesStrictCompare(t *testing.T) {
+	// A fence comparing < instead of <= refuses the holder's own second
+	// write, reporting its own token as the floor: no other checker sees it.
+	h := &hist{}
+	h.advance(1, 1, OutAccepted, 1, 0, 1)
+	h.write(1, 1, 0b0001, "a1", OutRejected, 1, 2, 3)
+	final := h.read(1, [NumParts]Cell{}, 10, 11)
+	expectCheckers(t, check(t, h, final, nil, false), chkLin)
+}
+
+func TestTablesDisagree(t *testing.T) {
+	h := &hist{}
+	h.write(1, 1, 0b0001, "a1", OutAccepted, 1, 0, 1)
+	snap := Snapshot{Floor: 1}
+	snap.Tables[0][0] = Cell{1, "a1"}
+	h.add(Op{Kind: KindRead, Holder: "reader", Outcome: OutOK, Read: &snap, Invoke: 10, Return: 11})
+	expectCheckers(t, check(t, h, snap, nil, false), chkAtomic, chkFinal, chkLost, chkLin)
+}
+
+func TestNoFloorIgnoresTheFloor(t *testing.T) {
+	// The unfenced control has no floor: reads show 0, and only the tokens
+	// of the accepted writes count.
+	h := &hist{}
+	h.write(1, 1, 0b0001, "a1", OutAccepted, 0, 0, 1)
+	h.write(2, 2, 0b0001, "b1", OutAccepted, 0, 2, 3)
+	final := h.read(0, [NumParts]Cell{{2, "b1"}}, 10, 11)
+	expectCheckers(t, check(t, h, final, nil, true))
+	// The same history is a violation of the fenced register.
+	expectCheckers(t, check(t, h, final, nil, false), chkFinal, chkLost, chkLin)
+}
+
+func TestPlanIsAFunctionOfSeedAndIndex(t *testing.T) {
+	nc := defaultNemesis()
+	a := planHistory(42, 7, nc, time.Second, 2*time.Second, 3)
+	b := planHistory(42, 7, nc, time.Second, 2*time.Second, 3)
+	if !slices.Equal(a, b) {
+		t.Fatalf("same seed and index, different schedules:\n%v\n%v", a, b)
+	}
+	kinds := map[faultKind]bool{}
+	for i := range 4 {
+		kinds[planHistory(42, i, nc, time.Second, 2*time.Second, 3)[0].Kind] = true
+	}
+	if len(kinds) != len(allFaultKinds) {
+		t.Errorf("four histories' first faults cover %v, want every kind", kinds)
+	}
+}

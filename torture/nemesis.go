@@ -1,0 +1,117 @@
+package torture
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// faultKind is what the nemesis does.
+type faultKind string
+
+const (
+	// faultPause freezes a holder with SIGSTOP and thaws it with SIGCONT
+	// after 0.5-3 TTL: its renewals stop with it, and whatever it does next
+	// is done with the token it held.
+	faultPause faultKind = "pause"
+	// faultKill kills a holder with SIGKILL; a new holder process takes its
+	// place at once. What it had in flight may still be applied.
+	faultKill faultKind = "kill"
+	// faultCrash crashes the server and restarts it on the same data:
+	// PostgreSQL stopped immediately (no checkpoint), etcd killed with
+	// SIGKILL.
+	faultCrash faultKind = "crash"
+	// faultDelay holds a holder's traffic in its proxy for 1-3 TTL, then
+	// delivers it: requests sent while its lease was valid arrive late.
+	faultDelay faultKind = "delay"
+)
+
+var allFaultKinds = []faultKind{faultPause, faultKill, faultCrash, faultDelay}
+
+// plannedFault is one fault of a history's schedule.
+type plannedFault struct {
+	Kind faultKind
+	At   time.Duration // after the history's start
+	Dur  time.Duration // pause and delay: how long
+	// AfterAck: at At, wait for the next acknowledged write (or advance)
+	// and strike at once, at the holder that made it: a holder paused
+	// then is in its work before the next write, which it sends with its
+	// old token after the thaw; a crash then finds that write's commit
+	// freshly acknowledged.
+	AfterAck bool
+	Leader   bool // aim at the holder that acquired last, if any ...
+	Slot     int  // ... else at this one
+}
+
+func (f plannedFault) String() string {
+	target := fmt.Sprintf("holder %d", f.Slot)
+	switch {
+	case f.AfterAck:
+		target = "the next acknowledged writer"
+	case f.Leader:
+		target = "the leader"
+	}
+	switch f.Kind {
+	case faultCrash:
+		if f.AfterAck {
+			return fmt.Sprintf("crash at +%v, right after the next acknowledged write", f.At.Round(time.Millisecond))
+		}
+		return fmt.Sprintf("crash at +%v", f.At.Round(time.Millisecond))
+	case faultKill:
+		return fmt.Sprintf("kill %s at +%v", target, f.At.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s %s at +%v for %v", f.Kind, target, f.At.Round(time.Millisecond), f.Dur.Round(time.Millisecond))
+}
+
+// nemesisConfig shapes the schedules of a run.
+type nemesisConfig struct {
+	// kinds are rotated over the histories: history i's first fault is
+	// kinds[i % len(kinds)], so every kind appears within a few histories
+	// and a short run still has them all.
+	kinds []faultKind
+	// extra is the probability of each of up to two more faults, of any
+	// kind in kinds.
+	extra float64
+	// pause and delay durations, in TTLs.
+	pauseMin, pauseMax float64
+	delayMin, delayMax float64
+	// leaderBias is the probability that a holder fault is aimed at the
+	// leader: freezing a follower tests little.
+	leaderBias float64
+	// afterAck is the probability that a fault waits for the next
+	// acknowledged write (see plannedFault.AfterAck).
+	afterAck float64
+	// earliest and latest start of a fault, as fractions of the window.
+	earliest, latest float64
+}
+
+func defaultNemesis() nemesisConfig {
+	return nemesisConfig{kinds: allFaultKinds, extra: 0.3, pauseMin: 0.5, pauseMax: 3, delayMin: 1, delayMax: 3,
+		leaderBias: 0.75, afterAck: 0.5, earliest: 0.15, latest: 0.6}
+}
+
+// planHistory is history idx's schedule: a function of the run's seed, the
+// index and the configuration only, so -torture.seed (with
+// -torture.only=idx) replays it.
+func planHistory(seed uint64, idx int, nc nemesisConfig, ttl, window time.Duration, slots int) []plannedFault {
+	rng := rand.New(rand.NewPCG(seed, uint64(idx)+1))
+	frac := func(lo, hi float64) float64 { return lo + rng.Float64()*(hi-lo) }
+	plan := func(kind faultKind) plannedFault {
+		f := plannedFault{Kind: kind, At: time.Duration(frac(nc.earliest, nc.latest) * float64(window)),
+			Leader: rng.Float64() < nc.leaderBias, Slot: rng.IntN(slots), AfterAck: rng.Float64() < nc.afterAck}
+		switch kind {
+		case faultPause:
+			f.Dur = time.Duration(frac(nc.pauseMin, nc.pauseMax) * float64(ttl))
+		case faultDelay:
+			f.Dur = time.Duration(frac(nc.delayMin, nc.delayMax) * float64(ttl))
+		}
+		return f
+	}
+	faults := []plannedFault{plan(nc.kinds[idx%len(nc.kinds)])}
+	for range 2 {
+		if rng.Float64() < nc.extra {
+			faults = append(faults, plan(nc.kinds[rng.IntN(len(nc.kinds))]))
+		}
+	}
+	return faults
+}
