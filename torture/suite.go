@@ -1,0 +1,304 @@
+package torture
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+)
+
+// SuiteOptions configure a torture run of one backend: the fence's
+// histories, then its negative controls.
+type SuiteOptions struct {
+	Histories        int    // histories of the fence (make torture: 200)
+	ControlHistories int    // histories of each negative control
+	Lanes            int    // histories run side by side
+	Seed             uint64 // the run's seed: every schedule derives from it
+	Only             int    // >= 0: only this history of each run (a replay); -1: all
+	// EvidenceDir receives every history of the fence with a violation;
+	// ControlEvidenceDir one violating history per negative control.
+	EvidenceDir, ControlEvidenceDir string
+	Replay                          string // the flags that replay the run, for the evidence
+	HolderArgs                      []string
+	Logf                            func(format string, args ...any)
+}
+
+// timing is what differs between the backends: etcd's leases are whole
+// seconds (and its lessor revokes expired ones every 500 ms), PostgreSQL's
+// may be as short as the article's.
+type timing struct {
+	ttl, window, settle, readEvery time.Duration
+}
+
+var timings = map[string]timing{
+	"pg":   {ttl: 500 * time.Millisecond, window: 1600 * time.Millisecond, settle: 400 * time.Millisecond, readEvery: 100 * time.Millisecond},
+	"etcd": {ttl: time.Second, window: 2500 * time.Millisecond, settle: 600 * time.Millisecond, readEvery: 150 * time.Millisecond},
+}
+
+// SuiteReport is the outcome of RunSuite: the figures as lines, the runs,
+// and what failed.
+type SuiteReport struct {
+	Lines    []string
+	Runs     []*runResult
+	Problems []error
+	// ControlEvidence lists, per negative control, the directory of its
+	// saved history (with the visualization).
+	ControlEvidence map[string]string
+}
+
+// control is a negative control: a design that must fail, with the
+// checkers of which at least one must catch it.
+type control struct {
+	name    string
+	flavor  flavor
+	expect  []string
+	nemesis nemesisConfig
+	quota   [2]int
+	noFloor bool
+	srv     func() (server, error) // the control's server (default: the fence's)
+}
+
+func (o SuiteOptions) logf(format string, args ...any) {
+	if o.Logf != nil {
+		o.Logf(format, args...)
+	}
+}
+
+// RunSuite runs the torture of backend ("pg" or "etcd"): the fence, then
+// the negative controls, and reports the figures. Problems are violations
+// of the fence, controls that did not fire, and harness failures.
+func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteReport {
+	rep := &SuiteReport{ControlEvidence: map[string]string{}}
+	fail := func(err error) *SuiteReport { rep.Problems = append(rep.Problems, err); return rep }
+	tm, ok := timings[backend]
+	if !ok {
+		return fail(fmt.Errorf("unknown backend %q", backend))
+	}
+	var srv server
+	var err error
+	t0 := time.Now()
+	switch backend {
+	case "pg":
+		srv, err = startPG(ctx, false)
+	case "etcd":
+		srv, err = startEtcd(ctx)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	defer srv.close()
+	opt.logf("%s: server up in %v", srv.name(), time.Since(t0).Round(time.Millisecond))
+
+	base := func(name string, fl flavor, histories int) runConfig {
+		return runConfig{name: name, flavor: fl, ttl: tm.ttl, window: tm.window, settle: tm.settle,
+			readEvery: tm.readEvery, histories: histories, only: opt.Only, lanes: max(1, opt.Lanes), holders: 3,
+			seed: opt.Seed, nemesis: defaultNemesis(), quotaMin: 3, quotaMax: 15,
+			workMin: 10 * time.Millisecond, workMax: 50 * time.Millisecond, linTimeout: 2 * time.Minute,
+			replay: opt.Replay, logf: opt.Logf, holderArgs: opt.HolderArgs}
+	}
+
+	// The fence.
+	cfg := base(backend, flavorFenced, opt.Histories)
+	cfg.evidenceDir = opt.EvidenceDir
+	res, err := runTorture(ctx, srv, cfg)
+	rep.add(res, err)
+	if res != nil && opt.Only < 0 && res.histories >= len(allFaultKinds)-1 {
+		// The schedules rotate the kinds, so three histories already have
+		// three kinds: fewer means the nemesis did not do its job.
+		faults, kinds := 0, 0
+		for _, n := range res.faults {
+			faults += n
+			kinds += min(n, 1)
+		}
+		if faults < 3 || kinds < 3 {
+			rep.Problems = append(rep.Problems, fmt.Errorf("%s: the nemesis injected %d faults of %d kinds; the run needs at least 3 of 3", res.name, faults, kinds))
+		}
+	}
+
+	// The negative controls, under the same nemesis.
+	pause := defaultNemesis()
+	pause.kinds, pause.extra, pause.pauseMin, pause.pauseMax = []faultKind{faultPause}, 0, 2, 3
+	pause.leaderBias, pause.afterAck, pause.earliest, pause.latest = 1, 1, 0.2, 0.35
+	controls := []control{{
+		name: backend + " unfenced resource", flavor: flavorUnfenced, expect: []string{chkI3},
+		// The leader never resigns (a resignation right before the pause
+		// would take its next write away) and is frozen right after an
+		// acknowledged write: in the work before its next one, which it
+		// sends with its old token after the thaw.
+		nemesis: pause, quota: [2]int{1000, 1000}, noFloor: true,
+	}}
+	var nonDurable *pgServer
+	if backend == "pg" {
+		crashes := defaultNemesis()
+		crashes.kinds, crashes.extra, crashes.afterAck, crashes.earliest, crashes.latest = []faultKind{faultCrash}, 0.5, 1, 0.4, 0.8
+		controls = append(controls, control{
+			name: "pg fence comparing < instead of <=", flavor: flavorStrict, expect: []string{chkLin},
+			nemesis: defaultNemesis(), quota: [2]int{3, 15},
+		}, control{
+			name: "pg non-durable lease and fence (synchronous_commit=off, immediate stops)", flavor: flavorNaive,
+			expect: []string{chkI2Reuse, chkLost},
+			// Short holding periods: acquires and writes both land in the WAL
+			// page the crash loses.
+			nemesis: crashes, quota: [2]int{2, 4},
+			srv: func() (server, error) {
+				t := time.Now()
+				s, err := startPG(ctx, true)
+				if err != nil {
+					return nil, err
+				}
+				nonDurable = s
+				opt.logf("%s: server up in %v", s.name(), time.Since(t).Round(time.Millisecond))
+				return s, nil
+			},
+		})
+	}
+	defer func() {
+		if nonDurable != nil {
+			_ = nonDurable.close()
+		}
+	}()
+	for _, c := range controls {
+		csrv := srv
+		if c.srv != nil {
+			if csrv, err = c.srv(); err != nil {
+				rep.Problems = append(rep.Problems, fmt.Errorf("%s: %w", c.name, err))
+				continue
+			}
+		}
+		cfg := base(c.name, c.flavor, opt.ControlHistories)
+		cfg.nemesis, cfg.quotaMin, cfg.quotaMax, cfg.noFloor = c.nemesis, c.quota[0], c.quota[1], c.noFloor
+		cfg.evidenceDir, cfg.keepOne = opt.ControlEvidenceDir, true
+		res, err := runTorture(ctx, csrv, cfg)
+		if err != nil {
+			rep.Problems = append(rep.Problems, err)
+			continue
+		}
+		rep.Runs = append(rep.Runs, res)
+		fired := 0
+		for _, chk := range c.expect {
+			fired += res.violations[chk]
+		}
+		line := fmt.Sprintf("negative control exposes: %s: %s (in %d of %d histories)",
+			c.name, describeViolations(res.violations, c.expect), res.violating, res.histories)
+		if fired == 0 {
+			line = fmt.Sprintf("negative control NOT exposed: %s: none of %s fired in %d histories (found: %s)",
+				c.name, strings.Join(c.expect, ", "), res.histories, describeViolations(res.violations, nil))
+			rep.Problems = append(rep.Problems, errors.New(line))
+		}
+		rep.Lines = append(rep.Lines, res.figures()...)
+		rep.Lines = append(rep.Lines, line)
+		if len(res.evidence) > 0 {
+			rep.ControlEvidence[c.name] = res.evidence[0]
+			rep.Lines = append(rep.Lines, "  saved: "+res.evidence[0])
+		}
+	}
+
+	// The library on the non-durable cluster, under the same immediate
+	// stops: fencepg forces a durable commit for every statement that
+	// issues a token or raises a floor, and for the transaction a check
+	// ran in, so the server's synchronous_commit=off must not matter.
+	if nonDurable != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		cfg := base("pg fence on synchronous_commit=off", flavorFenced, opt.ControlHistories)
+		last := controls[len(controls)-1]
+		cfg.nemesis, cfg.quotaMin, cfg.quotaMax = last.nemesis, last.quota[0], last.quota[1]
+		cfg.evidenceDir = opt.EvidenceDir
+		res, err := runTorture(ctx, nonDurable, cfg)
+		rep.add(res, err)
+	}
+	return rep
+}
+
+// add reports a run of the fence: its figures, and every violation as a
+// problem.
+func (rep *SuiteReport) add(res *runResult, err error) {
+	if err != nil {
+		rep.Problems = append(rep.Problems, err)
+	}
+	if res == nil {
+		return
+	}
+	rep.Runs = append(rep.Runs, res)
+	rep.Lines = append(rep.Lines, res.figures()...)
+	if len(res.violations) > 0 {
+		rep.Problems = append(rep.Problems, fmt.Errorf("%s: %s in %d histories, e.g. %s; evidence: %s",
+			res.name, describeViolations(res.violations, nil), res.violating, strings.Join(res.examples, "; "),
+			strings.Join(res.evidence, ", ")))
+	}
+	for _, h := range res.harness {
+		rep.Problems = append(rep.Problems, fmt.Errorf("%s: %s", res.name, h))
+	}
+}
+
+// describeViolations lists violation counts, those of first (in order)
+// first.
+func describeViolations(vs map[string]int, first []string) string {
+	if len(vs) == 0 {
+		return "no violations"
+	}
+	var parts []string
+	for _, c := range first {
+		if n := vs[c]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s x%d", c, n))
+		}
+	}
+	for _, c := range slices.Sorted(maps.Keys(vs)) {
+		if !slices.Contains(first, c) {
+			parts = append(parts, fmt.Sprintf("%s x%d", c, vs[c]))
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// figures are the run's lines of the report.
+func (res *runResult) figures() []string {
+	total := 0
+	for _, m := range res.ops {
+		for _, n := range m {
+			total += n
+		}
+	}
+	count := func(k Kind) string {
+		m := res.ops[k]
+		n := 0
+		for _, v := range m {
+			n += v
+		}
+		var parts []string
+		for _, o := range []Outcome{OutOK, OutAccepted, OutRejected, OutHeld, OutLost, OutUnknown} {
+			if m[o] > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", o, m[o]))
+			}
+		}
+		return fmt.Sprintf("%s %d (%s)", k, n, strings.Join(parts, ", "))
+	}
+	faults := 0
+	var fk []string
+	for _, k := range allFaultKinds {
+		faults += res.faults[k]
+		fk = append(fk, fmt.Sprintf("%s %d", k, res.faults[k]))
+	}
+	var verdicts []string
+	for _, v := range slices.Sorted(maps.Keys(res.verdicts)) {
+		verdicts = append(verdicts, fmt.Sprintf("%s %d", v, res.verdicts[v]))
+	}
+	return []string{
+		fmt.Sprintf("== %s on %s: %d histories in %v, seed %d", res.name, res.server, res.histories,
+			res.wall.Round(time.Second), res.seed),
+		fmt.Sprintf("   operations %d: %s; %s; %s", total, count(KindWrite), count(KindAdvance), count(KindRead)),
+		fmt.Sprintf("   lease operations: %s; %s; %s", count(KindAcquire), count(KindRenew), count(KindRelease)),
+		fmt.Sprintf("   faults %d: %s (server down %v in all)", faults, strings.Join(fk, ", "), res.downtime.Round(time.Millisecond)),
+		fmt.Sprintf("   checker time %v; linearizability verdicts: %s", res.checkerTime.Round(time.Millisecond), strings.Join(verdicts, ", ")),
+		fmt.Sprintf("   violations %d in %d histories: %s", sumValues(res.violations), res.violating, describeViolations(res.violations, nil)),
+	}
+}
+
+func sumValues(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
