@@ -14,5 +14,15 @@ lab: deps
 bench: deps
 	@cd examples/lease-fencing && go run ./cmd/bench -out ../../evidence/bench -lab ./run.sh -docs ../../docs/performance.md
 
+# The torture run (docs/torture.md): 200 seeded fault histories per backend, each checked (I2, I3,
+# final state, lost writes, porcupine), and the negative controls, which must be caught; the figures
+# go to evidence/torture/latest.txt. SEED=<n> replays a run's schedules. `make test` runs a short one.
+.PHONY: torture
+torture: deps
+	@cd torture && go test -count=1 -timeout 60m -run '^TestTorture$$' -v . \
+		-torture.histories=200 -torture.controls=5 -torture.lanes=3 \
+		-torture.control-evidence=../evidence/torture/controls -torture.report=../evidence/torture/latest.txt \
+		$(if $(SEED),-torture.seed=$(SEED))
+
 deps:
 	@scripts/ensure-deps.sh
