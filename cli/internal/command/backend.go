@@ -194,7 +194,10 @@ func (r *runner) openPostgres(cmd string) (backend, error) {
 		if err != nil {
 			return nil, err
 		}
-		if b.fence, err = fencepg.NewFence(p, opts...); err != nil {
+		// Every attempt logged: the operator's own advances (advance, break)
+		// then appear in the scope's attempt log, accepted, under their
+		// writer, next to the rejections they cause.
+		if b.fence, err = fencepg.NewFence(p, append(opts, fencepg.WithAttemptLog(leasecore.LogAll))...); err != nil {
 			b.close()
 			return nil, err
 		}
@@ -341,7 +344,9 @@ func (r *runner) openEtcd(cmd string) (backend, error) {
 		b.close()
 		return nil, err
 	}
-	if b.fence, err = fenceetcd.NewFence(cli, opts...); err != nil {
+	// Every attempt logged, as on PostgreSQL: the operator's advances
+	// appear in the attempt log.
+	if b.fence, err = fenceetcd.NewFence(cli, append(opts, fenceetcd.WithAttemptLog(leasecore.LogAll))...); err != nil {
 		b.close()
 		return nil, err
 	}

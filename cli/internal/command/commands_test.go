@@ -359,6 +359,17 @@ func TestBreak(t *testing.T) {
 		// The broken holder does not notice and writes: rejected.
 		w.mustWrite(t, leasecore.Claim{Scope: "invoices", Writer: "holder-a", Token: a.Token}, false)
 		want(t, w.run(t, "attempts", "invoices", "--rejected"), 0, "holder-a")
+		// The operator's advance is in the log too, accepted.
+		r = w.run(t, "attempts", "invoices", "--json")
+		var log attemptsDoc
+		decode(t, r, &log)
+		found := false
+		for _, at := range log.Attempts {
+			found = found || (at.Writer == "leasefence-operator@testhost" && at.Accepted && at.Token == floor)
+		}
+		if !found {
+			t.Errorf("the operator's advance is not in the attempt log: %+v", log.Attempts)
+		}
 		// The next holder acquires at once, with a larger token, and writes.
 		c := w.acquire(t, "nightly", "holder-c", w.ttl)
 		if uint64(c.Token) <= floor {

@@ -32,10 +32,11 @@ var flagDocs = map[string]string{
     it only matters if the command dies before the release. Default 10s (etcd: whole
     seconds).`,
 	"holder": `--holder ID
-    The operator's holder id, written into the lease and the attempt log. Default
-    leasefence-operator@HOSTNAME.`,
+    The operator's holder id: the holder of the short holding period, and the writer
+    of each scope's advance in its attempt log. Default leasefence-operator@HOSTNAME.`,
 	"writer": `--writer ID
-    The writer id the attempt log records. Default leasefence-operator@HOSTNAME.`,
+    The writer the scope's attempt log records for this advance. Default
+    leasefence-operator@HOSTNAME.`,
 	"lease": `--lease NAME
     The lease whose tokens fence SCOPE. Default: the lease named like SCOPE (on
     PostgreSQL not checked when no such lease exists).`,
@@ -65,7 +66,9 @@ DESCRIPTION
     backend are a usage error.
 
     Times left are by the server's clock, never this machine's. Tokens only grow: no
-    command lowers a token or a floor, or deletes a lease.
+    command lowers a token or a floor, or deletes a lease. The operator's own advances
+    (advance, break) are logged in the scopes' attempt logs, as accepted attempts of
+    their writer (--writer, --holder).
 
     Every command takes --json: one JSON document on stdout, for machines. Errors and
     notes go to stderr.

@@ -173,7 +173,7 @@ func runBreak(ctx context.Context, r *runner, operands []string) error {
 	if err != nil {
 		var held *leasecore.HoldError
 		if !errors.As(err, &held) || !errors.Is(err, leasecore.ErrHeld) {
-			return fmt.Errorf("nothing was changed by this command, or only the previous holding period was ended: %w", err)
+			return fmt.Errorf("the take-over failed, nothing was advanced (the previous holding period may have been ended: run 'leasefence status %s'): %w", name, err)
 		}
 		// etcd: another instance acquired the lease between the delete and
 		// the create. Its token is above the ended one: fence with it.
