@@ -56,6 +56,9 @@ func TestTorture(t *testing.T) {
 	}
 	var report *os.File
 	if *flagReport != "" {
+		if err := os.MkdirAll(filepath.Dir(*flagReport), 0o755); err != nil {
+			t.Fatal(err)
+		}
 		var err error
 		if report, err = os.Create(*flagReport); err != nil {
 			t.Fatal(err)
