@@ -394,6 +394,12 @@ func TestBreak(t *testing.T) {
 			t.Errorf("after the second break: %+v, %v; want free", st, err)
 		}
 
+		// A floor that another lease service's token raised, and says so
+		// (the fence stores the claim's token space): named as such.
+		w.mustWrite(t, leasecore.Claim{Scope: "foreign", Writer: "elsewhere", Token: 900_000_000_000, Space: "etcd:0123abcd"}, true)
+		want(t, w.run(t, "break", "nightly", "--scope", "foreign", "--yes"), command.ExitWarnings,
+			"scope foreign: WARNING: floor 900000000000 was not changed", "etcd:0123abcd")
+
 		// A lease nobody holds: break takes and releases it, and fences.
 		r = w.run(t, "break", "nightly", "--scope", "invoices", "--yes")
 		want(t, r, 0, "ended:    nothing was held")

@@ -194,8 +194,18 @@ func runBreak(ctx context.Context, r *runner, operands []string) error {
 	warnings, failures := 0, 0
 	for _, scope := range o.scopes {
 		bs := breakScope{Scope: scope}
-		res, err := r.backend.advance(ctx, leasecore.Claim{Scope: scope, Writer: holder, Token: target})
+		// Our own grant's claim carries its token space, so the floor
+		// records it and a floor of another lease service is named as such.
+		claim := leasecore.Claim{Scope: scope, Writer: holder, Token: target}
+		if out.Took {
+			claim = g.Claim(scope)
+		}
+		res, err := r.backend.advance(ctx, claim)
 		switch {
+		case errors.Is(err, leasecore.ErrTokenSpace):
+			warnings++
+			bs.Floor = uint64(res.Floor)
+			bs.Warning = fmt.Sprintf("floor %d was not changed: %v", res.Floor, err)
 		case err != nil:
 			failures++
 			bs.Error = err.Error()
