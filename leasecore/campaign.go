@@ -86,12 +86,14 @@ func WithBackoff(minimum, maximum time.Duration) CampaignOption {
 	return func(c *campaignConfig) { c.backoffMin, c.backoffMax, c.backoffSet = minimum, maximum, true }
 }
 
-// WithCampaignObserver sets a function called with each CampaignEvent, from
+// WithCampaignObserver adds a function called with each CampaignEvent, from
 // the goroutine that called Campaign. It must not block: the campaign waits
 // for it (the session keeps renewing, but lead starts, and the lease is
-// released, only after it returned).
+// released, only after it returned). Each call adds one (your own and a
+// metrics collector's, say); they run in the order given. A nil f is
+// ignored.
 func WithCampaignObserver(f func(CampaignEvent)) CampaignOption {
-	return func(c *campaignConfig) { c.observe = f }
+	return func(c *campaignConfig) { c.observe = chain(c.observe, f) }
 }
 
 // CampaignEventKind says what happened to a campaign.

@@ -41,6 +41,7 @@ type Session struct {
 	interval     time.Duration
 	renewTimeout time.Duration
 	onRenew      func(RenewEvent)
+	observe      func(SessionEvent) // WithSessionObserver, WithLogger
 
 	mu       sync.Mutex
 	grant    Grant
@@ -77,6 +78,7 @@ type sessionConfig struct {
 	renewTimeoutSet        bool
 	clock                  Clock
 	onRenew                func(RenewEvent)
+	observe                func(SessionEvent)
 }
 
 // DefaultSessionTTL is the TTL of a Session without WithTTL.
@@ -186,6 +188,7 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 	start, realStart := cfg.clock.Now(), time.Now()
 	g, err := lease.Acquire(ctx, name, holder, cfg.ttl)
 	if err != nil {
+		cfg.acquireFailed(Grant{Name: name, Holder: holder}, start, err)
 		return nil, err
 	}
 	g.Start = earliestStart(start, realStart, g)
@@ -194,8 +197,10 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 		// The acquire took longer than ttl - margin: the grant is unusable.
 		// Give it back so nobody waits for it to expire.
 		cfg.releaseBestEffort(ctx, lease, g)
-		return nil, fmt.Errorf("leasecore: new session %q: acquire took longer than ttl - margin (%v): %w",
+		err := fmt.Errorf("leasecore: new session %q: acquire took longer than ttl - margin (%v): %w",
 			name, cfg.ttl-cfg.margin, ErrLocalDeadline)
+		cfg.acquireFailed(g, start, err)
+		return nil, err
 	}
 
 	loopCtx, cancel := context.WithCancel(context.Background())
@@ -207,6 +212,7 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 		interval:     cfg.interval,
 		renewTimeout: cfg.renewTimeout,
 		onRenew:      cfg.onRenew,
+		observe:      cfg.observe,
 		grant:        g,
 		deadline:     deadline,
 		ctx:          sessCtx,
@@ -215,6 +221,9 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 		loopCtx:      loopCtx,
 		cancelLoop:   cancel,
 		loopDone:     make(chan struct{}),
+	}
+	if s.observe != nil { // before the renewal goroutine can report anything
+		s.observe(SessionEvent{Kind: SessionAcquired, Grant: g, Deadline: deadline, Latency: cfg.clock.Now().Sub(start)})
 	}
 	go s.renewLoop()
 	return s, nil
@@ -320,17 +329,21 @@ func (s *Session) Close(ctx context.Context) error {
 			select {
 			case <-s.loopDone:
 			case <-ctx.Done():
-				s.end(ErrClosed)
-				g := s.Grant()
+				s.mu.Lock()
+				ended, g := s.endLocked(ErrClosed), s.grant
+				s.mu.Unlock()
 				s.closeErr = fmt.Errorf("leasecore: close session %q token %d: a renewal is still in flight, lease not released: %w",
 					g.Name, g.Token, context.Cause(ctx))
+				if ended {
+					s.emitEnded(g, closedErr(s.closeErr))
+				}
 				return
 			}
 		}
 		s.mu.Lock()
 		prior, g := s.err, s.grant
+		s.endLocked(ErrClosed)
 		s.mu.Unlock()
-		s.end(ErrClosed)
 		if errors.Is(prior, ErrLost) {
 			return // nothing left to release
 		}
@@ -339,24 +352,35 @@ func (s *Session) Close(ctx context.Context) error {
 		if err := s.lease.Release(ctx, g); err != nil && !errors.Is(err, ErrLost) {
 			s.closeErr = err
 		}
+		if prior == nil { // a session that ended before reported it then
+			s.emitEnded(g, closedErr(s.closeErr))
+		}
 	})
 	return s.closeErr
 }
 
-// end records why the session ended, once, closes Done and cancels Context.
+// end records why the session ended, once, closes Done, cancels Context
+// and reports the end (after the lock: an observer may call the session's
+// methods).
 func (s *Session) end(err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.endLocked(err)
+	ended, g := s.endLocked(err), s.grant
+	s.mu.Unlock()
+	if ended {
+		s.emitEnded(g, err)
+	}
 }
 
-func (s *Session) endLocked(err error) {
+// endLocked ends the session with err unless it already ended, and reports
+// whether it did.
+func (s *Session) endLocked(err error) bool {
 	if s.err != nil {
-		return
+		return false
 	}
 	s.err = err
 	close(s.done)
 	s.cancelCtx(err)
+	return true
 }
 
 func (s *Session) renewLoop() {
@@ -374,6 +398,7 @@ func (s *Session) renewLoop() {
 		err error
 	}
 	wait := s.interval
+	failed := 0 // attempts failed since the last success, for SessionEvent.Late
 	for {
 		tick := s.clock.NewTimer(wait)
 		select {
@@ -433,6 +458,10 @@ func (s *Session) renewLoop() {
 		if s.loopCtx.Err() != nil {
 			return // Close came first; its renewal is not reported
 		}
+		var took time.Duration
+		if s.observe != nil {
+			took = s.clock.Now().Sub(start)
+		}
 
 		ev := RenewEvent{Start: start, Err: rep.err}
 		if rep.err != nil && timedOut {
@@ -450,8 +479,12 @@ func (s *Session) renewLoop() {
 			if !s.clock.Now().Before(deadline) {
 				// Answered just as the deadline passed: the session does not
 				// come back to life once Valid may have reported false.
-				s.endLocked(deadlineErr(g))
+				err := deadlineErr(g)
+				ended := s.endLocked(err)
 				s.mu.Unlock()
+				if ended {
+					s.emitEnded(g, err)
+				}
 				return
 			}
 			s.grant, s.deadline = ng, nd
@@ -463,6 +496,14 @@ func (s *Session) renewLoop() {
 		}
 		if s.onRenew != nil {
 			s.onRenew(ev)
+		}
+		if s.observe != nil {
+			s.emitRenew(g, deadline, took, failed, ev.Err)
+		}
+		if ev.Err != nil {
+			failed++
+		} else {
+			failed = 0
 		}
 		if errors.Is(rep.err, ErrLost) {
 			s.end(rep.err)

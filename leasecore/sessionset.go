@@ -56,7 +56,8 @@ type LostName struct {
 // NewSessionSet returns an empty set for holder on lease, which must also
 // implement BatchRenewer. The options are Session's: WithTTL,
 // WithRenewInterval, WithMargin, WithRenewTimeout and WithClock apply to
-// every name.
+// every name; a set reports to no observer (WithRenewObserver,
+// WithSessionObserver and WithLogger are ignored): Lost reports its losses.
 func NewSessionSet(lease Lease, holder string, opts ...SessionOption) (*SessionSet, error) {
 	cfg, err := newSessionConfig("new session set", lease, opts)
 	if err != nil {
