@@ -118,7 +118,8 @@ type config struct {
 	log             leasecore.AttemptLog
 	lockTimeout     time.Duration
 	idleInTxTimeout time.Duration
-	noNotify        bool // WithoutNotifications
+	noNotify        bool                       // WithoutNotifications
+	observe         func(leasecore.FenceEvent) // WithFenceObserver, WithLogger
 }
 
 func newConfig(op string, opts []Option) (config, error) {
@@ -229,7 +230,7 @@ func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
 // Migrate creates the fence's tables (and the part store's) if they do not
 // exist, then runs CheckSchema; see Resource.Migrate.
 func (f *Fence) Migrate(ctx context.Context) error {
-	if err := pgstore.Migrate(ctx, f.db, pkg, ddl(resourceSchema, f.cfg.schema)); err != nil {
+	if err := pgstore.Migrate(ctx, f.db, pkg, ddl(resourceScript(), f.cfg.schema)); err != nil {
 		return err
 	}
 	return f.CheckSchema(ctx)
@@ -324,7 +325,12 @@ func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor
 	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
 	if !res.Accepted {
 		logErr := f.logRejected(ctx, op, c, "", res.Floor)
-		return res, errors.Join(f.spaceError(ctx, op, c), logErr)
+		err := errors.Join(f.spaceError(ctx, op, c), logErr)
+		f.report(op, c, res, err)
+		return res, err
+	}
+	if f.cfg.observe != nil {
+		f.report(op, c, res, nil)
 	}
 	return res, nil
 }
@@ -477,6 +483,9 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 	if err := tx.Commit(ctx); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
 	}
+	if f.cfg.observe != nil {
+		f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
+	}
 	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
 }
 
@@ -528,6 +537,9 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 	finished = true
 	if err := tx.Commit(); err != nil {
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+	}
+	if f.cfg.observe != nil {
+		f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
 	}
 	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
 }
@@ -637,6 +649,9 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 		if err != nil {
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 		}
+		if f.cfg.observe != nil {
+			f.report(op, c, leasecore.Result{Accepted: true, Floor: leasecore.Token(floor)}, nil)
+		}
 		return leasecore.Result{Accepted: true, Floor: leasecore.Token(floor)}, nil
 	}
 	for advanced := false; ; advanced = true {
@@ -644,6 +659,9 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 		floor, ok := rejectedFloor(err)
 		switch {
 		case err == nil:
+			if f.cfg.observe != nil {
+				f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
+			}
 			return leasecore.Result{Accepted: true, Floor: c.Token}, nil
 		case !ok:
 			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
@@ -655,8 +673,11 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 			return leasecore.Result{}, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: it was written outside the fence",
 				pkg, op, c.Scope, floor, c.Token)
 		}
-		res, err := f.Advance(ctx, c)
+		res, err := f.advance(ctx, c) // reported as this send batch, not as an Advance
 		if err != nil || !res.Accepted {
+			if res.Floor != 0 { // rejected
+				f.report(op, c, res, err)
+			}
 			return res, err
 		}
 	}
@@ -698,6 +719,15 @@ func rejectedFloor(err error) (int64, bool) {
 // *leasecore.TokenSpaceError when that token was from another token space
 // (see Fence). Logged as the Fence's attempt log says.
 func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+	res, err := f.advance(ctx, c)
+	if f.cfg.observe != nil && res.Floor != 0 { // a Result, accepted or rejected
+		f.report("advance", c, res, err)
+	}
+	return res, err
+}
+
+// advance is Advance without the report, for SendBatch too.
+func (f *Fence) advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "advance"
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err

@@ -152,8 +152,8 @@ func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leas
 	// comes with its diagnosis (Fence.spaceError), read after the commit.
 	result := func(floor int64) (leasecore.Result, error) {
 		res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
-		if !res.Accepted {
-			return res, r.fence.spaceError(ctx, op, c)
+		if !res.Accepted || r.fence.cfg.observe != nil {
+			return r.finish(ctx, op, c, res)
 		}
 		return res, nil
 	}
@@ -190,6 +190,18 @@ func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leas
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
 	}
 	return result(floor)
+}
+
+// finish completes a write's outcome off the accepted path's fast lane
+// (kept small enough for run's closure to be inlined): a rejection's
+// diagnosis, and the report to the fence's observers.
+func (r *Resource) finish(ctx context.Context, op string, c leasecore.Claim, res leasecore.Result) (leasecore.Result, error) {
+	var err error
+	if !res.Accepted {
+		err = r.fence.spaceError(ctx, op, c)
+	}
+	r.fence.report(op, c, res, err)
+	return res, err
 }
 
 // Floor implements leasecore.ResourceReader: the scope's floor, 0 when the
