@@ -82,9 +82,10 @@ import (
 // carries the floor that beat it (an etcd Txn cannot copy one key's value
 // into another).
 type Fence struct {
-	kv     clientv3.KV
-	layout etcdkv.Layout
-	log    leasecore.AttemptLog
+	kv      clientv3.KV
+	layout  etcdkv.Layout
+	log     leasecore.AttemptLog
+	observe func(leasecore.FenceEvent) // WithFenceObserver, WithLogger; nil: none
 }
 
 // NewFence returns a fence on cli, with keys under the prefix set by
@@ -101,7 +102,7 @@ func NewFence(cli *clientv3.Client, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Fence{kv: cli.KV, layout: l, log: o.AttemptLog}, nil
+	return &Fence{kv: cli.KV, layout: l, log: o.AttemptLog, observe: o.FenceObserver}, nil
 }
 
 // Txn is the caller's own transaction, run by Commit under the fence:
@@ -177,9 +178,14 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 	}
 	res, err := f.advance(ctx, op, c, logAccepted...)
 	if err != nil || res.Accepted {
+		if f.observe != nil && res.Accepted {
+			f.report(op, c, res, nil)
+		}
 		return res, err
 	}
-	return res, f.rejected(ctx, op, c, key, etcdkv.NewClaimAttemptRecord(c, false, res.Floor, at))
+	err = f.rejected(ctx, op, c, key, etcdkv.NewClaimAttemptRecord(c, false, res.Floor, at))
+	f.report(op, c, res, err)
+	return res, err
 }
 
 // Commit runs the caller's transaction t under the fence for claim c and
@@ -262,6 +268,9 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return leasecore.Result{}, nil, etcdkv.MapError(ctx, pkg, op, err)
 		}
 		if resp.Succeeded {
+			if f.observe != nil {
+				f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
+			}
 			if flat {
 				return leasecore.Result{Accepted: true, Floor: c.Token},
 					&clientv3.TxnResponse{Header: resp.Header, Succeeded: true, Responses: resp.Responses[:len(t.Then)]}, nil
@@ -276,7 +285,9 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		}
 		if floor > c.Token {
 			res := leasecore.Result{Floor: floor}
-			return res, nil, f.rejected(ctx, op, c, attemptKey, record(false, floor))
+			err := f.rejected(ctx, op, c, attemptKey, record(false, floor))
+			f.report(op, c, res, err)
+			return res, nil, err
 		}
 		if advanced {
 			// The floor was at least c.Token after our Advance and only
@@ -289,7 +300,9 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return leasecore.Result{}, nil, err
 		}
 		if !res.Accepted {
-			return res, nil, f.rejected(ctx, op, c, attemptKey, record(false, res.Floor))
+			err := f.rejected(ctx, op, c, attemptKey, record(false, res.Floor))
+			f.report(op, c, res, err)
+			return res, nil, err
 		}
 	}
 }

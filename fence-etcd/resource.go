@@ -53,7 +53,7 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Resource{fence: &Fence{kv: cli.KV, layout: l, log: o.AttemptLog},
+	return &Resource{fence: &Fence{kv: cli.KV, layout: l, log: o.AttemptLog, observe: o.FenceObserver},
 		read: etcdkv.Reader{KV: cli.KV, Layout: l, Pkg: pkg}}, nil
 }
 

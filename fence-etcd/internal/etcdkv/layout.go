@@ -24,6 +24,9 @@ type Options struct {
 	// AttemptLog is fenceetcd.WithAttemptLog: only NewFence and
 	// NewResource read it.
 	AttemptLog leasecore.AttemptLog
+	// FenceObserver is fenceetcd.WithFenceObserver (and WithLogger): only
+	// NewFence and NewResource read it. Nil: no observer.
+	FenceObserver func(leasecore.FenceEvent)
 }
 
 // NewOptions returns the defaults.

@@ -1,0 +1,51 @@
+package fenceetcd
+
+import (
+	"log/slog"
+
+	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// WithFenceObserver adds a function called with the outcome of every
+// fenced write of a Fence or Resource (NewFence, NewResource; NewLeaseStore
+// and etcdcontrol.New ignore it): one leasecore.FenceEvent per call of
+// Advance, Commit, Write and WriteBatch that returns a Result, accepted or
+// rejected (see leasecore.FenceEvent). A transaction guarded by hand with
+// Guard is not seen by the fence and reports nothing. Each call of the
+// option adds one; they run in the order given. A nil f is ignored.
+//
+// Observers run synchronously on the caller's goroutine once the outcome is
+// known (after the rejection's log record and diagnosis). They must not
+// block. Without one, the accepted path does nothing more than test that
+// none is set.
+func WithFenceObserver(f func(leasecore.FenceEvent)) Option {
+	return func(o *etcdkv.Options) {
+		if f != nil {
+			prev := o.FenceObserver
+			if prev == nil {
+				o.FenceObserver = f
+				return
+			}
+			o.FenceObserver = func(ev leasecore.FenceEvent) { prev(ev); f(ev) }
+		}
+	}
+}
+
+// WithLogger logs the fence's outcomes to l (leasecore.FenceLogger): a
+// stale write rejected at WARN with its token and the floor that beat it,
+// a token from another lease service at ERROR, an accepted write at DEBUG
+// only. It is a fence observer like those of WithFenceObserver, and adds
+// to them. A nil l is ignored. Sessions log with leasecore.WithLogger.
+func WithLogger(l *slog.Logger) Option {
+	return WithFenceObserver(leasecore.FenceLogger(l))
+}
+
+// report tells the fence's observers, if any, how the write op of claim c
+// ended. Rejection paths call it as is; the accepted paths test f.observe
+// first, so that without an observer they build nothing.
+func (f *Fence) report(op string, c leasecore.Claim, res leasecore.Result, err error) {
+	if f.observe != nil {
+		f.observe(leasecore.FenceEvent{Op: op, Claim: c, Result: res, Err: err})
+	}
+}
