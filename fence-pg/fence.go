@@ -230,7 +230,7 @@ func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
 // Migrate creates the fence's tables (and the part store's) if they do not
 // exist, then runs CheckSchema; see Resource.Migrate.
 func (f *Fence) Migrate(ctx context.Context) error {
-	if err := pgstore.Migrate(ctx, f.db, pkg, ddl(resourceSchema, f.cfg.schema)); err != nil {
+	if err := pgstore.Migrate(ctx, f.db, pkg, ddl(resourceScript(), f.cfg.schema)); err != nil {
 		return err
 	}
 	return f.CheckSchema(ctx)

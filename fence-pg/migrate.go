@@ -68,24 +68,27 @@ func LeaseDDL(schema string) (string, error) {
 }
 
 // ResourceDDL returns the SQL that creates the fence's tables (fence_floor,
-// write_attempt, the part store's report_part) and its function
-// fence_reject in schema, for users who apply migrations with their own
-// tool. It is idempotent, and upgrades a fence_floor made before its
-// token_space column (added only when missing). The runtime role then needs:
+// write_attempt, the part store's report_part, Outbox's outbox) and its
+// function fence_reject in schema, for users who apply migrations with
+// their own tool. It is idempotent, and upgrades a fence_floor made before
+// its token_space column (added only when missing). The runtime role then
+// needs:
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.fence_floor, <schema>.report_part TO <role>;
 //	GRANT SELECT, INSERT, DELETE ON <schema>.write_attempt TO <role>;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON <schema>.outbox TO <role>; -- with Outbox only
 //
-// (DELETE only for PruneAttempts; EXECUTE on fence_reject is granted to
-// PUBLIC by default.) The module's tests run every operation as a role
-// with exactly these grants. Fence.Preflight and Resource.Preflight check
-// them (all but DELETE), and name any that is missing.
+// (DELETE only for PruneAttempts and Outbox.PruneDelivered; EXECUTE on
+// fence_reject is granted to PUBLIC by default.) The module's tests run
+// every operation as a role with exactly these grants. Fence.Preflight,
+// Resource.Preflight and Outbox.Preflight check them (all but DELETE),
+// and name any that is missing.
 func ResourceDDL(schema string) (string, error) {
 	if err := checkSchemaName("resource ddl", schema); err != nil {
 		return "", err
 	}
-	return ddl(resourceSchema, schema), nil
+	return ddl(resourceScript(), schema), nil
 }
 
 // ddl is script in schema, preceded by the schema's creation and the

@@ -17,9 +17,10 @@ const AllowTokenReset = "leasefence_admin.allow_token_reset"
 const TruncateLease = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on; TRUNCATE leasefence.lease; COMMIT`
 
 // TruncateResource empties the resource database, negative controls'
-// table included (tests only), through the administrative path.
+// table and the outbox included (tests only), through the administrative
+// path.
 const TruncateResource = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on;
-TRUNCATE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published RESTART IDENTITY; COMMIT`
+TRUNCATE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published, leasefence.outbox RESTART IDENTITY; COMMIT`
 
 // LockWaits lists the other sessions of this database whose fence
 // statements wait for a lock (F6b observes a blocked writer through it).

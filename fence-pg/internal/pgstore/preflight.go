@@ -19,7 +19,8 @@ var RuntimeGrants = map[string]string{
 	"lease":         "SELECT, INSERT, UPDATE",
 	"fence_floor":   "SELECT, INSERT, UPDATE",
 	"report_part":   "SELECT, INSERT, UPDATE",
-	"write_attempt": "SELECT, INSERT, DELETE", // DELETE for PruneAttempts only
+	"write_attempt": "SELECT, INSERT, DELETE",         // DELETE for PruneAttempts only
+	"outbox":        "SELECT, INSERT, UPDATE, DELETE", // DELETE for Outbox.PruneDelivered only
 }
 
 // Preflight's table lists: the tables each store uses, with the privileges
@@ -31,6 +32,9 @@ var (
 	FenceTables    = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"}}
 	ResourceTables = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"},
 		{"report_part", "SELECT, INSERT, UPDATE"}}
+	// OutboxTables: Outbox.Add share-locks the floor row (FOR SHARE needs
+	// UPDATE); DELETE on outbox only for PruneDelivered.
+	OutboxTables = []TablePrivileges{{"fence_floor", "SELECT, UPDATE"}, {"outbox", "SELECT, INSERT, UPDATE"}}
 )
 
 // TablePrivileges is one table and the privileges a store needs on it,
