@@ -2,8 +2,10 @@ package gomodtest
 
 import (
 	"archive/zip"
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -74,6 +76,16 @@ func TestConsumersWithoutReplace(t *testing.T) {
 		repoPrefix+"fence-pg/internal/pgopen", "go.etcd.io/etcd", "go.uber.org/goleak")
 	requirePresent(t, "fence-pg user", pgUser, "github.com/jackc/pgx/v5")
 
+	// A user of the Prometheus collectors: client_golang, and neither a
+	// backend nor anything of the tests (the metrics module's server tests
+	// are a module of their own).
+	metricsUser := consumer(t, gobin, env, "example.com/metricsuser", version,
+		[]string{"metrics", "leasecore"}, map[string]string{"main.go": metricsUserMain})
+	requireAbsent(t, "metrics user", metricsUser,
+		"github.com/jackc/pgx", "go.etcd.io/etcd", "github.com/ory/dockertest", "go.uber.org/goleak",
+		repoPrefix+"fence-pg", repoPrefix+"fence-etcd", repoPrefix+"conformance", repoPrefix+"metrics/tests")
+	requirePresent(t, "metrics user", metricsUser, "github.com/prometheus/client_golang")
+
 	// A third-party backend author's test module: the suite, both
 	// harnesses and both throwaway servers, also by version only. Its
 	// graph does contain the etcd server — the positive control showing
@@ -83,6 +95,30 @@ func TestConsumersWithoutReplace(t *testing.T) {
 			"fence-etcd/etcdconformance", "leasecore"},
 		map[string]string{"harness.go": "package harnessuser\n", "harness_test.go": harnessUserTest})
 	requirePresent(t, "harness user", harnessUser, "go.etcd.io/etcd/server/v3", "github.com/ory/dockertest/v3")
+
+	// An operator installs the command by version, outside any module.
+	installCommand(t, gobin, env, version)
+}
+
+// installCommand runs go install .../cli/cmd/leasefence@version from a
+// directory outside any module and checks that the binary runs.
+func installCommand(t *testing.T, gobin string, env []string, version string) {
+	t.Helper()
+	bin := t.TempDir()
+	env = slices.DeleteFunc(slices.Clone(env), func(kv string) bool { return strings.HasPrefix(kv, "GOFLAGS=") })
+	// go install pkg@version ignores the current module; -mod is not
+	// allowed with it.
+	env = append(env, "GOBIN="+bin, "GOFLAGS=-modcacherw -buildvcs=false")
+	cmd := exec.Command(gobin, "install", repoPrefix+"cli/cmd/leasefence@"+version)
+	cmd.Dir, cmd.Env = t.TempDir(), env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install %scli/cmd/leasefence@%s: %v\n%s", repoPrefix, version, err, out)
+	}
+	out, err := exec.Command(filepath.Join(bin, "leasefence"), "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "NAME") {
+		t.Fatalf("leasefence --help after go install: %v\n%s", err, out)
+	}
+	t.Logf("go install %scli/cmd/leasefence@%s: the command runs (--help: %d bytes)", repoPrefix, version, len(out))
 }
 
 // workspaceModules returns the modules go.work lists, except this one,
@@ -189,18 +225,73 @@ func publish(t *testing.T, proxy string, m repoModule, version string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	gomod = releasedGoMod(t, m.path, gomod)
 	write(version+".mod", gomod)
-	zf, err := os.Create(filepath.Join(dir, version+".zip"))
+	var zbuf bytes.Buffer
+	if err := modzip.CreateFromDir(&zbuf, module.Version{Path: m.path, Version: version}, m.dir); err != nil {
+		t.Fatalf("zip %s: %v", m.path, err)
+	}
+	write(version+".zip", withGoMod(t, zbuf.Bytes(), m.path+"@"+version+"/go.mod", gomod))
+	checkNoNestedModule(t, filepath.Join(dir, version+".zip"), m)
+}
+
+// releasedGoMod is gomod as scripts/release-prep.sh leaves it in the
+// tagged commit: without the replace lines that point at siblings'
+// directories. They are ignored in a dependency anyway, but go install
+// pkg@version refuses a module whose go.mod has any (the leasefence
+// command is installed that way).
+func releasedGoMod(t *testing.T, path string, gomod []byte) []byte {
+	t.Helper()
+	f, err := modfile.Parse(path+"/go.mod", gomod, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := modzip.CreateFromDir(zf, module.Version{Path: m.path, Version: version}, m.dir); err != nil {
-		t.Fatalf("zip %s: %v", m.path, err)
+	for _, r := range f.Replace {
+		if strings.HasPrefix(r.Old.Path, repoPrefix) {
+			if err := f.DropReplace(r.Old.Path, r.Old.Version); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	if err := zf.Close(); err != nil {
+	f.Cleanup()
+	out, err := f.Format()
+	if err != nil {
 		t.Fatal(err)
 	}
-	checkNoNestedModule(t, filepath.Join(dir, version+".zip"), m)
+	return out
+}
+
+// withGoMod returns the module zip z with the file name replaced by gomod.
+func withGoMod(t *testing.T, z []byte, name string, gomod []byte) []byte {
+	t.Helper()
+	zr, err := zip.NewReader(bytes.NewReader(z), int64(len(z)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	zw := zip.NewWriter(&out)
+	for _, f := range zr.File {
+		w, err := zw.Create(f.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Name == name {
+			_, err = w.Write(gomod)
+		} else {
+			var rc io.ReadCloser
+			if rc, err = f.Open(); err == nil {
+				_, err = io.Copy(w, rc)
+				rc.Close()
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out.Bytes()
 }
 
 // checkNoNestedModule fails if the zip of m holds a go.mod other than its
@@ -419,6 +510,30 @@ func main() {
 	if _, err := fencepg.NewFence(pool); err != nil {
 		log.Fatal(err)
 	}
+}
+`
+
+// metricsUserMain is what a user of the collectors compiles: the README's
+// registration and observers.
+const metricsUserMain = `package main
+
+import (
+	"log"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/leasefence/leasefence/leasecore"
+	leasefencemetrics "github.com/leasefence/leasefence/metrics"
+)
+
+func main() {
+	m, err := leasefencemetrics.New(prometheus.NewRegistry())
+	if err != nil {
+		log.Fatal(err)
+	}
+	_ = leasecore.WithSessionObserver(m.ObserveSession)
+	_ = leasecore.WithCampaignObserver(m.ObserveCampaign)
+	var _ func(leasecore.FenceEvent) = m.ObserveFence
 }
 `
 
