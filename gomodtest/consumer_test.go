@@ -82,7 +82,7 @@ func TestConsumersWithoutReplace(t *testing.T) {
 	metricsUser := consumer(t, gobin, env, "example.com/metricsuser", version,
 		[]string{"metrics", "leasecore"}, map[string]string{"main.go": metricsUserMain})
 	requireAbsent(t, "metrics user", metricsUser,
-		"github.com/jackc/pgx", "go.etcd.io/etcd", "github.com/ory/dockertest", "go.uber.org/goleak",
+		"github.com/jackc/pgx", "go.etcd.io/etcd", "github.com/ory/dockertest",
 		repoPrefix+"fence-pg", repoPrefix+"fence-etcd", repoPrefix+"conformance", repoPrefix+"metrics/tests")
 	requirePresent(t, "metrics user", metricsUser, "github.com/prometheus/client_golang")
 
