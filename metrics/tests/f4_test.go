@@ -164,6 +164,9 @@ func TestFrozenHolderMetrics(t *testing.T) {
 	if scrapeErr != nil {
 		t.Fatalf("A's metrics after its write: %v", scrapeErr)
 	}
+	if body, err := scrape(metricsA); err == nil {
+		t.Logf("scrape of A after its write (leasefence_ series):\n%s", leasefenceSeries(body))
+	}
 	if n, err := scrapeCount(metricsA, "leasefence_local_deadline_remaining_seconds"); err != nil || n != 0 {
 		t.Errorf("A's deadline gauge after the loss: %d series (%v), want none", n, err)
 	}
@@ -197,6 +200,7 @@ func TestFrozenHolderMetrics(t *testing.T) {
 	// A's log: acquired with its token, the stale write rejected with the
 	// floor that beat it, the lease lost at the local deadline.
 	a.exit(t)
+	t.Logf("A's log:\n%s", a.stderr.String())
 	recs := a.logRecords(t)
 	for _, want := range []struct {
 		msg   string
@@ -351,24 +355,42 @@ next:
 	return false
 }
 
-// scrapeCount scrapes url and counts the series of the metric name.
-func scrapeCount(url, name string) (int, error) {
+// scrape returns the text exposition at url.
+func scrape(url string) (string, error) {
 	resp, err := http.Get(url)
 	if err != nil {
-		return 0, err
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
+	return string(body), err
+}
+
+// scrapeCount scrapes url and counts the series of the metric name.
+func scrapeCount(url, name string) (int, error) {
+	body, err := scrape(url)
 	if err != nil {
 		return 0, err
 	}
 	n := 0
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
 			n++
 		}
 	}
 	return n, nil
+}
+
+// leasefenceSeries keeps the samples of leasefence's metrics, without the
+// histogram's buckets.
+func leasefenceSeries(body string) string {
+	var keep []string
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, "leasefence_") && !strings.Contains(line, "_bucket{") {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep, "\n")
 }
 
 // waitState polls /proc until pid is in state want, failing after 5 s.
