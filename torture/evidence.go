@@ -33,11 +33,15 @@ type savedHistory struct {
 // annotations), seed.txt (how to replay it) and violations.txt. It returns
 // the directory.
 func saveEvidence(cfg runConfig, idx int, plan []plannedFault, ops []*Op, frs []faultRecord, res checkResult) (string, error) {
-	name := fmt.Sprintf("%s-seed%d-h%d", slug(cfg.name), cfg.seed, idx)
+	base := cfg.slug
+	if base == "" {
+		base = slug(cfg.name)
+	}
+	name := fmt.Sprintf("%s-seed%d-h%d", base, cfg.seed, idx)
 	if cfg.keepOne {
 		// A control keeps one example, in a directory of a fixed name that
 		// the next run replaces.
-		name = slug(cfg.name)
+		name = base
 	}
 	dir := filepath.Join(cfg.evidenceDir, name)
 	if err := os.RemoveAll(dir); err != nil {

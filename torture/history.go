@@ -265,8 +265,9 @@ func (r *recorder) leader() int {
 }
 
 // finish returns the operations, those still pending marked as never
-// returned, ordered by invocation.
-func (r *recorder) finish() ([]*Op, []faultRecord) {
+// returned, ordered by invocation, and how many events belonged to no
+// operation of this history (a harness bug if any).
+func (r *recorder) finish() ([]*Op, []faultRecord, int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, op := range r.pending {
@@ -287,7 +288,7 @@ func (r *recorder) finish() ([]*Op, []faultRecord) {
 		}
 		op.Client = c
 	}
-	return ops, slices.Clone(r.faults)
+	return ops, slices.Clone(r.faults), r.stray
 }
 
 func compareInt64(a, b int64) int {

@@ -40,6 +40,7 @@ type server interface {
 // runConfig is one torture run: one design (flavor) on one server.
 type runConfig struct {
 	name      string // for the output and the evidence
+	slug      string // the evidence's directory names; "" derives one from name
 	flavor    flavor
 	ttl       time.Duration
 	window    time.Duration // each history runs at least this long
@@ -258,6 +259,12 @@ func (r *runner) startHolder(ctx context.Context, s *slot) error {
 		return err
 	}
 	go p.readLoop(stdout, s.lane)
+	started := time.Now()
+	defer func() {
+		if d := time.Since(started); d > 5*time.Second && r.cfg.logf != nil {
+			r.cfg.logf("%s: holder %s took %v to start", r.cfg.name, p.name, d.Round(time.Millisecond))
+		}
+	}()
 	select {
 	case <-p.ready:
 	case <-p.exited:
@@ -385,6 +392,14 @@ func (r *runner) runHistory(ctx context.Context, ln *lane, idx int) error {
 	}
 
 	// Stop: nothing frozen or held may keep a holder from answering.
+	stopAt := time.Now()
+	defer func() {
+		// A slow stop is the first thing to look at when a run takes longer
+		// than its windows add up to.
+		if d := time.Since(stopAt); d > 5*time.Second && cfg.logf != nil {
+			cfg.logf("%s: history %d: stopping the holders and the final read took %v", cfg.name, idx, d.Round(time.Millisecond))
+		}
+	}()
 	for _, s := range ln.slots {
 		s.current().signal(syscall.SIGCONT)
 		s.proxy.release()
@@ -405,7 +420,10 @@ func (r *runner) runHistory(ctx context.Context, ln *lane, idx int) error {
 	if err != nil {
 		return err
 	}
-	ops, frs := rec.finish()
+	ops, frs, stray := rec.finish()
+	if stray > 0 {
+		r.harnessProblem(fmt.Sprintf("history %d: %d events of holders matched no operation of the history", idx, stray))
+	}
 	res := checkHistory(ops, final, ln.i2, idx, checkOptions{noFloor: cfg.noFloor, linTimeout: cfg.linTimeout})
 	return r.record(idx, plan, ops, frs, res)
 }

@@ -53,6 +53,7 @@ type SuiteReport struct {
 // checkers of which at least one must catch it.
 type control struct {
 	name    string
+	slug    string // its evidence directory
 	flavor  flavor
 	expect  []string
 	nemesis nemesisConfig
@@ -123,7 +124,7 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 	pause.kinds, pause.extra, pause.pauseMin, pause.pauseMax = []faultKind{faultPause}, 0, 2, 3
 	pause.leaderBias, pause.afterAck, pause.earliest, pause.latest = 1, 1, 0.2, 0.35
 	controls := []control{{
-		name: backend + " unfenced resource", flavor: flavorUnfenced, expect: []string{chkI3},
+		name: backend + " unfenced resource", slug: backend + "-unfenced", flavor: flavorUnfenced, expect: []string{chkI3},
 		// The leader never resigns (a resignation right before the pause
 		// would take its next write away) and is frozen right after an
 		// acknowledged write: in the work before its next one, which it
@@ -135,10 +136,10 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		crashes := defaultNemesis()
 		crashes.kinds, crashes.extra, crashes.afterAck, crashes.earliest, crashes.latest = []faultKind{faultCrash}, 0.5, 1, 0.4, 0.8
 		controls = append(controls, control{
-			name: "pg fence comparing < instead of <=", flavor: flavorStrict, expect: []string{chkLin},
+			name: "pg fence comparing < instead of <=", slug: "pg-strict-compare", flavor: flavorStrict, expect: []string{chkLin},
 			nemesis: defaultNemesis(), quota: [2]int{3, 15},
 		}, control{
-			name: "pg non-durable lease and fence (synchronous_commit=off, immediate stops)", flavor: flavorNaive,
+			name: "pg non-durable lease and fence (synchronous_commit=off, immediate stops)", slug: "pg-non-durable", flavor: flavorNaive,
 			expect: []string{chkI2Reuse, chkLost},
 			// Short holding periods: acquires and writes both land in the WAL
 			// page the crash loses.
@@ -170,7 +171,7 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		}
 		cfg := base(c.name, c.flavor, opt.ControlHistories)
 		cfg.nemesis, cfg.quotaMin, cfg.quotaMax, cfg.noFloor = c.nemesis, c.quota[0], c.quota[1], c.noFloor
-		cfg.evidenceDir, cfg.keepOne = opt.ControlEvidenceDir, true
+		cfg.evidenceDir, cfg.keepOne, cfg.slug = opt.ControlEvidenceDir, true, c.slug
 		res, err := runTorture(ctx, csrv, cfg)
 		if err != nil {
 			rep.Problems = append(rep.Problems, err)
@@ -202,6 +203,7 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 	// ran in, so the server's synchronous_commit=off must not matter.
 	if nonDurable != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		cfg := base("pg fence on synchronous_commit=off", flavorFenced, opt.ControlHistories)
+		cfg.slug = "pg-sync-off"
 		last := controls[len(controls)-1]
 		cfg.nemesis, cfg.quotaMin, cfg.quotaMax = last.nemesis, last.quota[0], last.quota[1]
 		cfg.evidenceDir = opt.EvidenceDir
