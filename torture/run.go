@@ -526,6 +526,7 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		p.signal(syscall.SIGKILL)
 		<-p.exited
 		fr.End = monoNow()
+		r.checkRaces(p)
 		if err := r.startHolder(ctx, s); err != nil {
 			return fr, fmt.Errorf("restart after kill: %w", err)
 		}
@@ -598,6 +599,14 @@ func (r *runner) record(idx int, plan []plannedFault, ops []*Op, frs []faultReco
 	return nil
 }
 
+// checkRaces reports a data race the race detector found in a holder that
+// did not exit on its own (a killed holder's exit code says nothing).
+func (r *runner) checkRaces(p *holderProc) {
+	if out := p.stderr.String(); strings.Contains(out, "WARNING: DATA RACE") {
+		r.harnessProblem(fmt.Sprintf("holder %s: the race detector found a data race: %s", p.name, out))
+	}
+}
+
 func (r *runner) harnessProblem(s string) {
 	r.resMu.Lock()
 	defer r.resMu.Unlock()
@@ -625,6 +634,8 @@ func (r *runner) closeLanes() error {
 					}
 					if p.waitErr != nil && !p.killed.Load() {
 						errs = append(errs, fmt.Errorf("holder %s: %v: %s", p.name, p.waitErr, p.stderr.String()))
+					} else if p.killed.Load() {
+						r.checkRaces(p)
 					}
 				}
 				_ = s.proxy.close()
