@@ -16,7 +16,8 @@ type NewHarness func(ctx context.Context) (Harness, error)
 // backend with a resource backend). It stays small on purpose: abilities
 // only some backends have are optional interfaces, found by type assertion
 // (LongTransactions, CommitGapResources, LockWaitProbe, NegativeControls,
-// HolderProcesses, CrashRestarter, UserDataResources, AmbiguousOutcomes). A
+// HolderProcesses, CrashRestarter, UserDataResources, AmbiguousOutcomes,
+// OutboxResources). A
 // backend that deliberately lacks one declares it in Traits.Absent; a case
 // that needs an ability the harness neither implements nor declares absent
 // fails, so nothing passes by being forgotten. (An ability listed in
@@ -83,6 +84,9 @@ const (
 	// AbilityAmbiguousOutcomes is AmbiguousOutcomes (X2's retried release
 	// and lost acquire answer).
 	AbilityAmbiguousOutcomes Ability = "ambiguous outcomes"
+	// AbilityOutbox is OutboxResources (F9b; its relay section also needs
+	// HolderProcesses).
+	AbilityOutbox Ability = "fenced outbox"
 )
 
 // LongTransactions is an optional interface that may be implemented by a
@@ -205,6 +209,9 @@ const (
 	// KindMarkerFirst is UserDataResources.MarkerFirstResource; the
 	// holder's PREPARE writes its marker.
 	KindMarkerFirst ResourceKind = "marker first"
+	// KindOutbox is OutboxResources.FencedOutbox; the holder's RELAY runs
+	// its relay (F9b kills such a relay process with SIGKILL).
+	KindOutbox ResourceKind = "outbox"
 )
 
 // HolderProcesses is an optional interface that may be implemented by a
@@ -213,7 +220,8 @@ const (
 // lease service and to the resource of kind, which it opens the way the
 // harness opens it for the suite (the same storage, the same attempt
 // log). A harness with UserDataResources must accept KindUserData and
-// KindMarkerFirst; an unknown kind is an error.
+// KindMarkerFirst, one with OutboxResources KindOutbox; an unknown kind is
+// an error.
 type HolderProcesses interface {
 	HolderCommand(ctx context.Context, kind ResourceKind) (*exec.Cmd, error)
 }
@@ -323,4 +331,53 @@ type Preparer interface {
 	// Prepare does the first step of writing w and says whether the fence
 	// accepted it.
 	Prepare(ctx context.Context, w leasecore.Write) (leasecore.Result, error)
+}
+
+// OutboxResources is an optional interface that may be implemented by a
+// Harness whose backend can hold a fenced outbox (F9b): a side effect the
+// downstream system cannot fence (a "report published" message) recorded
+// as an entry in the same atomic operation as the data it announces, under
+// the fence's check, and delivered afterwards by a relay with the writer's
+// token as its version (leasecore.OutboxEntry). Both outboxes share one
+// storage; the suite gives each order of its timeline a scope of its own.
+// A harness with HolderProcesses must also accept KindOutbox: F9b kills a
+// relay process with SIGKILL mid-delivery.
+type OutboxResources interface {
+	// FencedOutbox returns a client of the harness's outbox written
+	// through the backend's public fence and outbox API, the calls a user
+	// makes. Its Write stores, in one atomic operation (one transaction,
+	// one Txn) that runs the fence's check of leasecore.ClaimOf(w), the
+	// data — w.Content for (w.Scope, w.Part) in a table or key of the
+	// harness's, which ReadPart reads — and one outbox entry: Scope,
+	// Writer and Token of w, Topic w.Part, Payload w.Content. When the
+	// fence rejects, neither is stored and Write returns Result{Accepted:
+	// false, Floor: the floor that beat it}, not an error.
+	FencedOutbox(ctx context.Context) (Outbox, error)
+
+	// UnfencedOutbox returns the negative control: the same storage, but
+	// its Write stores the data and the entry with no fence check at all
+	// (a transaction of its own; always accepted, the floor untouched).
+	// Its Relay and Pending are FencedOutbox's.
+	UnfencedOutbox(ctx context.Context) (Outbox, error)
+}
+
+// Outbox is a fenced outbox as the suite uses it (OutboxResources).
+type Outbox interface {
+	Resource
+	Advancer
+	OutboxRelay
+	// Pending returns the entries of scope not yet delivered, oldest
+	// first, as the backend reads them.
+	Pending(ctx context.Context, scope string) ([]leasecore.OutboxEntry, error)
+}
+
+// OutboxRelay is an outbox's relay. The resource a holder process opens
+// for KindOutbox implements it; the holder's RELAY command runs it.
+type OutboxRelay interface {
+	// Relay is the backend's relay, one pass: it delivers the pending
+	// entries of every scope, oldest first, through deliver, marks each
+	// delivered only after deliver returned nil for it, stops at
+	// deliver's first error (that entry stays pending), and returns how
+	// many it marked once none is pending.
+	Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error)
 }

@@ -39,6 +39,12 @@ import (
 //	    -> RENEW ok=B token=N
 //	RELEASE
 //	    -> RELEASED ok=B
+//	RELAY <url>
+//	    -> RELAYED delivered=N
+//	    one pass of the outbox relay of a KindOutbox holder (OutboxRelay):
+//	    every pending entry POSTed as JSON to the downstream at url, each
+//	    marked delivered only after the downstream answered; F9b kills the
+//	    process with SIGKILL while the downstream holds a request
 //	EXIT
 //
 // F12 runs the holder as a leader instead, with leasecore.Campaign in the
@@ -179,6 +185,8 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 		}
 		g, err := h.lease.Renew(ctx, s.Grant())
 		h.say("RENEW ok=%t token=%d", err == nil, g.Token)
+	case "RELAY":
+		return h.relay(ctx, rest)
 	case "RELEASE":
 		if _, err := h.session(); err != nil {
 			return err

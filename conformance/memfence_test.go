@@ -27,10 +27,16 @@ type memHarness struct {
 	markerChecksToken bool
 	// dropRenewAfterWrite doctors the holder processes (suite_test.go).
 	dropRenewAfterWrite bool
+	// outbox holds the fenced outbox's entries (memoutbox_test.go);
+	// outboxOutsideFence and relayMutant break it (suite_outbox_test.go).
+	outbox             *memOutboxStore
+	outboxOutsideFence bool
+	relayMutant        relayMutant
 }
 
 func newMemHarness(context.Context) (conformance.Harness, error) {
-	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), lock: &memWriteLock{}, ctl: newMemControls(), user: newMemUserData()}, nil
+	return &memHarness{leases: memfence.NewLeases(nil), res: memfence.NewResource(), lock: &memWriteLock{}, ctl: newMemControls(),
+		user: newMemUserData(), outbox: &memOutboxStore{}}, nil
 }
 
 func (h *memHarness) Traits() conformance.Traits {

@@ -34,6 +34,8 @@ type memHolderSpec struct {
 	// has written, its renewals fail as a dropped connection does
 	// (ErrUnavailable), not with ErrLost.
 	DropRenewAfterWrite bool `json:"drop_renew_after_write,omitempty"`
+	// RelayMutant breaks a relay process's relay (suite_outbox_test.go).
+	RelayMutant relayMutant `json:"relay_mutant,omitempty"`
 }
 
 func TestMain(m *testing.M) {
@@ -46,8 +48,11 @@ func TestMain(m *testing.M) {
 			}
 			wrote := new(atomic.Bool)
 			var res leasecore.FencedResource = rpcResource{cl, spec.Kind, wrote}
-			if spec.Kind == conformance.KindMarkerFirst {
+			switch spec.Kind {
+			case conformance.KindMarkerFirst:
 				res = rpcMarkerFirst{rpcResource{cl, spec.Kind, wrote}}
+			case conformance.KindOutbox:
+				res = rpcOutbox{rpcResource{cl, spec.Kind, wrote}, spec.RelayMutant}
 			}
 			var dropAfter *atomic.Bool
 			if spec.DropRenewAfterWrite {
@@ -100,7 +105,7 @@ func (h *memHarness) HolderCommand(ctx context.Context, kind conformance.Resourc
 		return nil, hs.err
 	}
 	return conformance.HolderSelfCommand(ctx, []string{"-test.run=^$"}, memHolderEnv,
-		memHolderSpec{Socket: hs.socket, Kind: kind, DropRenewAfterWrite: h.dropRenewAfterWrite})
+		memHolderSpec{Socket: hs.socket, Kind: kind, DropRenewAfterWrite: h.dropRenewAfterWrite, RelayMutant: h.relayMutant})
 }
 
 func (hs *memHolders) close() {
@@ -123,6 +128,8 @@ func (h *memHarness) holderResource(ctx context.Context, kind conformance.Resour
 		return h.UserDataResource(ctx, nil)
 	case conformance.KindMarkerFirst:
 		return h.MarkerFirstResource(ctx)
+	case conformance.KindOutbox:
+		return h.FencedOutbox(ctx)
 	}
 	return nil, fmt.Errorf("memfence holder: unknown resource kind %q: %w", kind, leasecore.ErrInvalidArgument)
 }

@@ -32,6 +32,7 @@ var cases = []testCase{
 	{"F7", "F7_fence_granularity", "fence granularity: a stale holder writes a part the new holder never touched", caseF7},
 	{"F8", "F8_server_crash", "server crash: immediate stop without checkpoint, recovery; tokens and floor survive", caseF8},
 	{"F9", "F9_unfenceable_side_effects", "side effects that cannot be fenced: deduplication keeps the first, not the newest", caseF9},
+	{"F9b", "F9b_fenced_outbox", "the fenced outbox: the side effect recorded in the fenced transaction and relayed with the token as its version; the stale holder's publication never reaches the downstream, in both orders; a relay killed with SIGKILL mid-delivery neither loses nor duplicates an accepted delivery", caseF9b},
 	{"F1u", "F1u_user_data_normal_path", "normal path, fencing the suite's own tables/keys in the caller's transaction: acquire -> write rows -> renew -> release -> the next holder writes rows with a larger token", caseF1u},
 	{"F4u", "F4u_user_data_paused_stale_holder", "paused stale holder, fencing the suite's own tables/keys: A is frozen with SIGSTOP between its check and its transaction; B takes over; A's transaction is rejected and its rows never appear", caseF4u},
 	{"F4m", "F4m_marker_first_negative_control", "negative control for user data: a fenced marker first, the rows second with no fence, on F4u's timeline; the frozen holder's stale rows win", caseF4m},

@@ -118,13 +118,13 @@ func TestReportFormat(t *testing.T) {
 	if sum.Failed != 0 {
 		t.Fatalf("failed=%d:\n%s", sum.Failed, out)
 	}
-	for _, id := range []string{"F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "F1u", "F4u", "F4m", "F6u", "F7u", "F10u", "F11", "F12", "F13", "X1", "X2"} {
+	for _, id := range []string{"F1", "F2", "F3", "F4", "F5", "F6", "F7", "F8", "F9", "F9b", "F1u", "F4u", "F4m", "F6u", "F7u", "F10u", "F11", "F12", "F13", "X1", "X2"} {
 		if !regexp.MustCompile(`(?m)^CASE ` + id + ` :: \S`).MatchString(out) {
 			t.Errorf("no CASE %s header:\n%s", id, out)
 		}
 	}
 	// Every line is a header, a check, a note, a skip, a section or the summary.
-	line := regexp.MustCompile(`^(CASE [FX]\d+[um]? :: .+|  (ok  |FAIL|note|skip) .+|  -- .+|SUMMARY passed=\d+ failed=\d+)$`)
+	line := regexp.MustCompile(`^(CASE [FX]\d+[umb]? :: .+|  (ok  |FAIL|note|skip) .+|  -- .+|SUMMARY passed=\d+ failed=\d+)$`)
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	for _, l := range lines {
 		if !line.MatchString(l) {
