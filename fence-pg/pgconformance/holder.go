@@ -31,7 +31,8 @@ type holderSpec struct {
 // test binary from TestMain, the lab from its holder subcommand).
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
 	switch kind {
-	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst:
+	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst,
+		conformance.KindOutbox:
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
@@ -78,7 +79,8 @@ func HolderMain() int {
 
 // OpenHolderResource opens the resource a holder process writes to: the
 // fenced resource, the unfenced negative control, the suite's user tables
-// behind fencepg.Fence, or the marker-first control, on the resource
+// behind fencepg.Fence, the marker-first control, or the fenced outbox
+// (whose relay the holder's RELAY runs), on the resource
 // database with driver. A holder whose lease lives on another backend (the
 // etcd-lease, PostgreSQL-resource pairing) uses it too. close closes the
 // pool.
@@ -100,6 +102,8 @@ func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformanc
 		if controls, err = pool.Controls(); err == nil {
 			res = controls.Unfenced()
 		}
+	case conformance.KindOutbox: // RELAY runs its relay
+		res, err = newOutboxResource(pool, true)
 	default:
 		res, err = holderUserResource(pool, kind)
 	}
