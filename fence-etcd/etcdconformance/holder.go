@@ -36,7 +36,8 @@ type holderSpec struct {
 // from TestMain, the lab from its holder subcommand).
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
 	switch kind {
-	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst:
+	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst,
+		conformance.KindOutbox:
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
@@ -91,6 +92,8 @@ func HolderMain() int {
 			res, err = newUserResource(cli, spec.Prefix)
 		case conformance.KindMarkerFirst: // Prepare writes the marker
 			res, err = newMarkerFirst(cli, spec.Prefix)
+		case conformance.KindOutbox: // RELAY runs its relay
+			res, err = newOutboxResource(cli, spec.Prefix, true)
 		default:
 			err = errors.New("unknown resource kind " + string(spec.Kind))
 		}
