@@ -65,6 +65,7 @@ var (
 	_ conformance.LockWaitProbe      = (*harness)(nil)
 	_ conformance.HolderProcesses    = (*harness)(nil)
 	_ conformance.UserDataResources  = (*harness)(nil)
+	_ conformance.OutboxResources    = (*harness)(nil)
 )
 
 // Traits: timing and tokens follow the lease backend.
@@ -142,6 +143,14 @@ func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (co
 
 func (h *harness) MarkerFirstResource(ctx context.Context) (conformance.MarkerFirst, error) {
 	return h.pg.(conformance.UserDataResources).MarkerFirstResource(ctx)
+}
+
+func (h *harness) FencedOutbox(ctx context.Context) (conformance.Outbox, error) {
+	return h.pg.(conformance.OutboxResources).FencedOutbox(ctx)
+}
+
+func (h *harness) UnfencedOutbox(ctx context.Context) (conformance.Outbox, error) {
+	return h.pg.(conformance.OutboxResources).UnfencedOutbox(ctx)
 }
 
 func (h *harness) LockWaits(ctx context.Context) ([]string, error) {
