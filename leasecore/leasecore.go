@@ -91,6 +91,8 @@ type Lease interface {
 type LeaseState struct {
 	Name   string
 	Exists bool // false: the lease was never acquired (and is free)
+	// Holder is the holder given to the Acquire of the latest holding
+	// period, as the backend stores it; it must be set whenever Held is.
 	Holder string
 	Token  Token // the latest token issued for the lease
 	// Held reports whether the latest holding period is unexpired by the
@@ -107,6 +109,13 @@ type LeaseState struct {
 // Lease. It reads a lease's state without changing it, for audits,
 // dashboards and the conformance suite. Nothing should base a decision to
 // write on it: the answer is stale when it arrives.
+//
+// Inspect reports what the backend holds, not what the client remembers:
+// any client of the same lease service, not only the one that acquired,
+// sees a held lease with its Holder and Token (the conformance suite, which
+// requires a LeaseInspector, compares both after every call, read through
+// another client than the one that made it). A backend built on a lock
+// whose stored state does not name the holder must store it for Inspect.
 type LeaseInspector interface {
 	Inspect(ctx context.Context, name string) (LeaseState, error)
 }
