@@ -13,7 +13,7 @@
 // like that without killing the test with it.
 //
 // A binary that uses etcdtemp must therefore call Serve early when [IsServeProcess] reports true.
-// In a test binary that is TestMain:
+// In a test binary that is TestMain, which a test package using etcdtemp must have:
 //
 //	func TestMain(m *testing.M) {
 //		if etcdtemp.IsServeProcess() {
@@ -22,7 +22,16 @@
 //		os.Exit(m.Run())
 //	}
 //
-// and a program such as the lab does the same in a subcommand it names with [WithArgs].
+// Put the hook first: whatever TestMain does before it (fixtures, other servers) runs in the
+// server's process too. The child is started with "-test.run=^$" (unless [WithArgs] says
+// otherwise), so a binary without the hook runs no tests there and exits, and Start fails saying
+// the hook is missing. A binary that is
+// re-executed for other purposes as well, such as the conformance suite's holder processes, tests
+// each purpose's environment variable in turn (fence-etcd/tests/main_test.go). A complete test
+// file with this hook and the conformance suite on an etcdtemp server, compiled and run by the
+// repository's tests, is fence-etcd/tests/authorharness/harness_test.go.
+//
+// A program such as the lab does the same in a subcommand it names with [WithArgs].
 //
 // Durability stays at etcd's defaults: every acknowledged write has been fsynced to the WAL, which
 // is what F8 checks survives the kill.
@@ -247,7 +256,8 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 }
 
 // StartTB is Start for tests: it fails the test with tb.Fatal if the server cannot start, and
-// registers Stop with tb.Cleanup.
+// registers Stop with tb.Cleanup. The test binary needs the TestMain hook of the package
+// documentation.
 func StartTB(tb testing.TB, opts ...Option) *Server {
 	tb.Helper()
 	s, err := Start(tb.Context(), opts...)
