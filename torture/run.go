@@ -184,6 +184,8 @@ type slot struct {
 	idx   int
 	proxy *proxy
 
+	faultMu sync.Mutex // held by the fault acting on this holder
+
 	mu   sync.Mutex
 	proc *holderProc
 	inc  int // incarnations so far
@@ -279,8 +281,18 @@ func (r *runner) startHolder(ctx context.Context, s *slot) error {
 		return context.Cause(ctx)
 	}
 	s.mu.Lock()
+	old := s.proc
 	s.proc = p
 	s.mu.Unlock()
+	if old != nil {
+		select {
+		case <-old.exited:
+		default: // never left running untracked
+			old.killed.Store(true)
+			old.signal(syscall.SIGKILL)
+			r.harnessProblem(fmt.Sprintf("holder %s was replaced while it still ran; killed", old.name))
+		}
+	}
 	if m := s.lane.msg.Load(); m != nil {
 		return p.send("RUN " + r.runLine(*m, s, p))
 	}
@@ -512,6 +524,13 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		if c.current().client == target {
 			s = c
 		}
+	}
+	if f.Kind != faultCrash {
+		// One fault at a time per holder: two kills of one leader would
+		// otherwise both start a replacement, and one of them would run on,
+		// untracked, campaigning for an old history.
+		s.faultMu.Lock()
+		defer s.faultMu.Unlock()
 	}
 	p := s.current()
 	fr := faultRecord{Kind: f.Kind, Target: p.name, Start: monoNow()}
