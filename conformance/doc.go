@@ -22,6 +22,15 @@
 // atomic operation (UserDataResources). F4m is their negative control, a
 // fenced marker first and the rows second, losing to a frozen holder.
 //
+// Case F9b builds F9's remedy (OutboxResources): the side effect recorded
+// as an outbox entry in the same fenced operation as the data and relayed
+// with the token as its version to a downstream stand-in (HTTP on
+// 127.0.0.1) that deduplicates by the entry's identity and accepts only
+// versions at or above the highest it has seen. In F9's two orders the
+// stale holder's publication never reaches it (its negative control, an
+// unfenced outbox, delivers it); relay processes killed with SIGKILL
+// mid-delivery neither lose nor duplicate an accepted delivery.
+//
 // Cases F11, F12 and F13 elect a leader with leasecore.Campaign: a hand-off
 // after the leader steps down (exactly one of several waiters takes over,
 // with a larger token), after the leader's process is frozen with SIGSTOP

@@ -2,7 +2,8 @@
 // conformance suite: fenceetcd's lease store and fenced resource,
 // etcdcontrol's negative controls, the suite's own user data behind a
 // fenceetcd.Fence (F1u, F4u, F4m, F6u, F7u, F10u: keys under <prefix>/user/),
-// holder processes (F4, F5, F4u, F4m) and a server crash (F8).
+// holder processes (F4, F5, F4u, F4m), a server crash (F8) and the fenced
+// outbox (fenceetcd.Outbox, F9b).
 //
 //	func TestConformance(t *testing.T) {
 //		srv := etcdtemp.StartTB(t)
