@@ -204,8 +204,9 @@ const markTimeout = 10 * time.Second
 
 // Relay delivers the pending entries, oldest (lowest seq) first, in the
 // caller's goroutine: for each it calls deliver and, when deliver returns
-// nil, marks the entry delivered (one durable statement). It returns the
-// number of entries it marked once none is pending (entries added while
+// nil, marks the entry delivered (one durable statement; a mark another
+// relay made first stays). It returns the number of entries it delivered
+// once none is pending (entries added while
 // it runs are delivered too), at the first error of deliver — that entry
 // and every later one stay pending, so order is kept; the error wraps
 // deliver's — or when ctx ends (an error wrapping ctx's), and when a read
