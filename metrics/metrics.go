@@ -69,10 +69,10 @@ type Metrics struct {
 	handoffs      *prometheus.CounterVec
 }
 
-// RenewBuckets are the renew histogram's buckets, in seconds: 1 ms to about
+// renewBuckets are the renew histogram's buckets, in seconds: 1 ms to about
 // 8 s, doubling. A renewal that takes a sizeable part of the TTL is the
 // thing to see (docs/choosing-numbers.md derives the margin from it).
-var RenewBuckets = prometheus.ExponentialBuckets(0.001, 2, 14)
+var renewBuckets = prometheus.ExponentialBuckets(0.001, 2, 14)
 
 // New makes the collectors and registers them on reg. It fails, registering
 // nothing, when reg is nil (a *leasecore.ArgError) or refuses one of them
@@ -90,7 +90,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			"name", "outcome"),
 		renewSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "leasefence", Name: "renew_duration_seconds",
 			Help:    "Round trip of successful background renewals, by the session's clock.",
-			Buckets: RenewBuckets}, []string{"name"}),
+			Buckets: renewBuckets}, []string{"name"}),
 		renewFailures: counter("renew_failures_total",
 			"Background renewal attempts that failed; a later attempt may still keep the lease.", "name"),
 		losses: counter("losses_total",
