@@ -416,7 +416,7 @@ var mutants = []struct {
 		},
 		cases: []string{"X2"},
 		want: []string{
-			"  FAIL [TTL] holder-a's hold of x2-idle, alive and not frozen, its client open and in use, but never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 475ms (ttl 300ms + granularity 0s + bound 175ms), actual=still held after ",
+			"  FAIL [TTL] holder-a's hold of x2-idle, alive and not frozen, its client open and in use, but never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 575ms (ttl 300ms + granularity 0s + bound 275ms), actual=still held after ",
 		},
 	},
 	{
@@ -434,7 +434,7 @@ var mutants = []struct {
 		cases:  []string{"X2"},
 		want: []string{
 			"  FAIL [TTL] holder-a's grant of x2-ttl-short, its second name, carries the TTL asked for, not the first name's (expected=ttl=300ms, actual=ttl=1.2s)",
-			"  FAIL [TTL] holder-a's hold of x2-ttl-short, not renewed while holder-a renews x2-ttl-long every 75ms, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 475ms (ttl 300ms + granularity 0s + bound 175ms), actual=still held after ",
+			"  FAIL [TTL] holder-a's hold of x2-ttl-short, not renewed while holder-a renews x2-ttl-long every 75ms, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 575ms (ttl 300ms + granularity 0s + bound 275ms), actual=still held after ",
 		},
 	},
 	{
@@ -461,7 +461,7 @@ var mutants = []struct {
 		client: func(m *mutant) leasecore.Lease { return &sessionGhosts{base: baseOf(m)} },
 		cases:  []string{"X2"},
 		want: []string{
-			"  FAIL [TTL] x2-ghost, acquired by holder-g with the answer lost, while holder-g renews x2-keep through the same client every 75ms, ends by the backend's clock within ttl + granularity + bound of that acquire (expected=free within 475ms (ttl 300ms + granularity 0s + bound 175ms), actual=still held after ",
+			"  FAIL [TTL] x2-ghost, acquired by holder-g with the answer lost, while holder-g renews x2-keep through the same client every 75ms, ends by the backend's clock within ttl + granularity + bound of that acquire (expected=free within 575ms (ttl 300ms + granularity 0s + bound 275ms), actual=still held after ",
 		},
 	},
 	{
@@ -469,8 +469,8 @@ var mutants = []struct {
 		client: func(m *mutant) leasecore.Lease { return doubledTTL{baseOf(m)} },
 		cases:  []string{"F7", "X2"},
 		want: []string{
-			"  FAIL [TTL] holder-a's hold of daily-report-f7-row, never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 475ms (ttl 300ms + granularity 0s + bound 175ms), actual=free after ",
-			"  FAIL [TTL] holder-a's hold of x2-idle, alive and not frozen, its client open and in use, but never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 475ms (ttl 300ms + granularity 0s + bound 175ms), actual=free after ",
+			"  FAIL [TTL] holder-a's hold of daily-report-f7-row, never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 575ms (ttl 300ms + granularity 0s + bound 275ms), actual=free after ",
+			"  FAIL [TTL] holder-a's hold of x2-idle, alive and not frozen, its client open and in use, but never renewed, ends by the backend's clock within ttl + granularity + bound of its acquire (expected=free within 575ms (ttl 300ms + granularity 0s + bound 275ms), actual=free after ",
 		},
 	},
 }
