@@ -81,6 +81,9 @@ type nemesisConfig struct {
 	// afterAck is the probability that a fault waits for the next
 	// acknowledged write (see plannedFault.AfterAck).
 	afterAck float64
+	// pauseUntilTakeover keeps a paused holder frozen after its planned
+	// duration until another holder's write was acknowledged.
+	pauseUntilTakeover bool
 	// earliest and latest start of a fault, as fractions of the window.
 	earliest, latest float64
 }

@@ -518,6 +518,12 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 	if f.AfterAck {
 		if c, ok := rec.nextAck(ctx, 2*r.cfg.ttl); ok {
 			target = c
+			// Strike a little later, inside the writer's work before its
+			// next write (at least workMin): right after the answer it may
+			// not have reached its lease check yet, and a holder frozen
+			// before that check finds its lease gone when thawed and sends
+			// nothing.
+			sleepCtx(ctx, r.cfg.workMin/4)
 		}
 	}
 	for _, c := range ln.slots {
@@ -537,9 +543,21 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 	switch f.Kind {
 	case faultPause:
 		p.signal(syscall.SIGSTOP)
+		t0 := time.Now()
 		sleepCtx(ctx, f.Dur) // thawed whatever happens: a frozen holder never stays behind
+		if r.cfg.nemesis.pauseUntilTakeover {
+			// Frozen on until another holder's write was acknowledged (at
+			// most 6 TTL in all): the write it sends after the thaw is then
+			// certainly stale.
+			for limit := t0.Add(6 * r.cfg.ttl); ; {
+				c, ok := rec.nextAck(ctx, time.Until(limit))
+				if !ok || c != p.client {
+					break
+				}
+			}
+		}
 		p.signal(syscall.SIGCONT)
-		fr.Note = fmt.Sprintf("SIGSTOP, SIGCONT after %v", f.Dur.Round(time.Millisecond))
+		fr.Note = fmt.Sprintf("SIGSTOP, SIGCONT after %v", time.Since(t0).Round(time.Millisecond))
 	case faultKill:
 		p.killed.Store(true)
 		p.signal(syscall.SIGKILL)

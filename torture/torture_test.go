@@ -17,7 +17,7 @@ import (
 // passes the long one's.
 var (
 	flagHistories = flag.Int("torture.histories", 3, "histories of the fence per backend (make torture: 200)")
-	flagControls  = flag.Int("torture.controls", 2, "histories of each negative control")
+	flagControls  = flag.Int("torture.controls", 3, "histories of each negative control")
 	flagLanes     = flag.Int("torture.lanes", 2, "histories run side by side per backend, each with its own lease and holders")
 	flagSeed      = flag.Uint64("torture.seed", 0, "the run's seed (0: pick one; it is printed)")
 	flagOnly      = flag.Int("torture.only", -1, "run only this history of each run: a replay with -torture.seed")
