@@ -196,7 +196,9 @@ func x2StopsRenewing(c *caseRun, h Harness) {
 	c.Must(err, "holder-a acquires "+name)
 	// waitFree inspects through the same client: it stays open and in use.
 	c.waitFree(insp, name, short, sent, "holder-a's hold of "+name+", alive and not frozen, its client open and in use, but never renewed,", "its acquire")
-	gb, err := lease.Acquire(ctx, name, holderB, short)
+	// holder-b's hold is not under test: a long TTL, so that a slow
+	// machine cannot let it lapse before its release.
+	gb, err := lease.Acquire(ctx, name, holderB, c.ttl(x2Long))
 	c.Must(err, "holder-b acquires "+name)
 	c.NextToken("holder-b acquires "+name+" after holder-a stopped renewing, with a larger token", ga.Token, gb.Token)
 	c.Must(lease.Release(ctx, gb), "holder-b releases "+name)

@@ -110,7 +110,9 @@ func x2LostAcquire(c *caseRun, h Harness) {
 		// x2-keep; the check above still held, with fewer renewals.
 		c.Notef("holder-g's renewal of %s failed during the wait (%s): it was not renewed after that", keep, describeErr(renewErr))
 	}
-	gb, err := lease.Acquire(ctx, ghost, holderB, ttl)
+	// holder-b's hold is not under test: a long TTL, so that a slow
+	// machine cannot let it lapse before its release.
+	gb, err := lease.Acquire(ctx, ghost, holderB, c.ttl(x2Long))
 	c.Must(err, "holder-b acquires "+ghost+" after it was seen free")
 	c.Must(lease.Release(ctx, gb), "holder-b releases "+ghost)
 	// Best effort: x2-keep may have lapsed while the client reconnected.

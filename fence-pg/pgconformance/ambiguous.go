@@ -58,7 +58,7 @@ func (h *harness) AmbiguousLease(ctx context.Context) (leasecore.Lease, func(), 
 	// (a prepare); the answer dropped must be that of the statement that
 	// takes effect.
 	warm := "ambiguous-warm-up/" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	g, err := store.Acquire(ctx, warm, "warm-up", h.Traits().MinTTL*4)
+	g, err := store.Acquire(ctx, warm, "warm-up", 10*time.Second) // long: a slow machine must not let it lapse
 	if err == nil {
 		g, err = store.Renew(ctx, g)
 	}
