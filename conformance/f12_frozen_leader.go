@@ -137,7 +137,7 @@ func caseF12(ctx context.Context, c *caseRun, h Harness) {
 	c.record(leader.holder, "stepped down")
 	aTerm2 := c.leadingLine("A's campaign after the new leader stepped down", a.call("AWAIT_LEADING"))
 	c.record("lease", fmt.Sprintf("token %d issued to holder-a", aTerm2.token))
-	c.NextToken("A's campaign, never restarted, leads again with a token larger than the new leader's", next.token, aTerm2.token)
+	c.LargerToken("A's campaign, never restarted, leads again with a token larger than the new leader's", next.token, aTerm2.token)
 	c.Notef("A took the lease %v after %s stepped down", aTerm2.granted.Sub(leaderEnd.at).Round(time.Microsecond), leader.holder)
 	aWrite2 := a.call("WRITE " + scope + " " + partSummary + " rows=202(A)")
 	c.Equal("I3", "A's write under its new term is accepted", fmt.Sprintf("WRITE accepted=true token=%d", aTerm2.token), trimFloor(aWrite2))

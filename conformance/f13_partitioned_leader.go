@@ -96,7 +96,7 @@ func caseF13(ctx context.Context, c *caseRun, h Harness) {
 	aTerm2 := g.await(2*ttl+5*time.Second, "A's campaign after B stepped down")
 	c.Equal("I1", "A's campaign, never restarted, takes the lease again", a.holder, aTerm2.holder)
 	c.record("lease", fmt.Sprintf("token %d issued to %s", aTerm2.token, aTerm2.holder))
-	c.NextToken("A's new token is larger than B's", bTerm.token, aTerm2.token)
+	c.LargerToken("A's new token is larger than B's", bTerm.token, aTerm2.token)
 	c.Notef("A lost its hold %v after the cut; B took over %v after the cut; A led again %v after B stepped down",
 		aEnd.at.Sub(cut).Round(time.Millisecond), took.Round(time.Millisecond), aTerm2.acquire.returned.Sub(bEnd.at).Round(time.Microsecond))
 
