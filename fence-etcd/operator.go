@@ -164,18 +164,12 @@ func (s *LeaseStore) TokenCeiling(ctx context.Context) (leasecore.Token, error) 
 	return leasecore.Token(resp.Header.Revision), nil
 }
 
-// ScopeFloor is one scope's floor: the largest token its fence accepted.
-type ScopeFloor struct {
-	Scope string
-	Floor leasecore.Token
-}
-
 // Floors returns at most limit floors under the fence's prefix, in scope
 // order, with one range read: every scope that ever accepted a check. For
 // operators and audits (the leasefence command's floors); Floor reads one
 // scope. limit must be 1 to MaxList; bad input returns a
 // *leasecore.ArgError before anything is sent.
-func (f *Fence) Floors(ctx context.Context, limit int) ([]ScopeFloor, error) {
+func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
 	const op = "floors"
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
@@ -189,7 +183,7 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]ScopeFloor, error) {
 	if err != nil {
 		return nil, etcdkv.MapError(ctx, pkg, op, err)
 	}
-	out := make([]ScopeFloor, 0, len(resp.Kvs))
+	out := make([]leasecore.ScopeFloor, 0, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
 		scope, err := etcdkv.NameOf(prefix, string(kv.Key))
 		if err != nil {
@@ -199,7 +193,7 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]ScopeFloor, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %s: key %q: %w", pkg, op, kv.Key, err)
 		}
-		out = append(out, ScopeFloor{Scope: scope, Floor: floor})
+		out = append(out, leasecore.ScopeFloor{Scope: scope, Floor: floor})
 	}
 	return out, nil
 }

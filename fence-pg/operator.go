@@ -97,18 +97,12 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 		Space: pgsql.TokenSpacePrefix + space}, prev, nil
 }
 
-// ScopeFloor is one scope's floor: the largest token its fence accepted.
-type ScopeFloor struct {
-	Scope string
-	Floor leasecore.Token
-}
-
 // Floors returns at most limit floors of the fence's database, in scope
 // order, with one SELECT: every scope that ever accepted a check. For
 // operators and audits (the leasefence command's floors); Floor reads one
 // scope. limit must be 1 to MaxList; bad input returns a
 // *leasecore.ArgError before anything is sent.
-func (f *Fence) Floors(ctx context.Context, limit int) ([]ScopeFloor, error) {
+func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
 	const op = "floors"
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
@@ -121,9 +115,9 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]ScopeFloor, error) {
 		return nil, pgstore.MapError(ctx, pkg, op, err)
 	}
 	defer rows.Close()
-	var out []ScopeFloor
+	var out []leasecore.ScopeFloor
 	for rows.Next() {
-		var sf ScopeFloor
+		var sf leasecore.ScopeFloor
 		var floor int64
 		if err := rows.Scan(&sf.Scope, &floor); err != nil {
 			return nil, pgstore.MapError(ctx, pkg, op, err)

@@ -165,6 +165,13 @@ type StoredPart struct {
 	WrittenAt                    time.Time
 }
 
+// ScopeFloor is one scope's floor: the largest token its fence accepted
+// (what the backends' Fence.Floors list).
+type ScopeFloor struct {
+	Scope string
+	Floor Token
+}
+
 // Attempt is one entry of a resource's write log: every attempt, accepted
 // or rejected.
 type Attempt struct {

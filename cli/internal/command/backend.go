@@ -34,7 +34,7 @@ type backend interface {
 	takeOver(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, leasecore.LeaseState, error)
 	release(ctx context.Context, g leasecore.Grant) error
 
-	floors(ctx context.Context, limit int) ([]scopeFloor, error)
+	floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error)
 	floor(ctx context.Context, scope string) (leasecore.Token, error)
 	attempts(ctx context.Context, q leasecore.AttemptQuery, rejectedOnly bool) ([]leasecore.Attempt, error)
 	advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error)
@@ -43,12 +43,6 @@ type backend interface {
 	// migrate creates what the backend needs and says what it did.
 	migrate(ctx context.Context) ([]string, error)
 	close()
-}
-
-// scopeFloor is one scope's floor.
-type scopeFloor struct {
-	Scope string
-	Floor leasecore.Token
 }
 
 const (
@@ -255,13 +249,8 @@ func (b *pgBackend) release(ctx context.Context, g leasecore.Grant) error {
 	return b.leases.Release(ctx, g)
 }
 
-func (b *pgBackend) floors(ctx context.Context, limit int) ([]scopeFloor, error) {
-	fs, err := b.fence.Floors(ctx, limit)
-	out := make([]scopeFloor, len(fs))
-	for i, f := range fs {
-		out[i] = scopeFloor{f.Scope, f.Floor}
-	}
-	return out, err
+func (b *pgBackend) floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
+	return b.fence.Floors(ctx, limit)
 }
 
 func (b *pgBackend) floor(ctx context.Context, scope string) (leasecore.Token, error) {
@@ -399,13 +388,8 @@ func (b *etcdBackend) release(ctx context.Context, g leasecore.Grant) error {
 	return b.leases.Release(ctx, g)
 }
 
-func (b *etcdBackend) floors(ctx context.Context, limit int) ([]scopeFloor, error) {
-	fs, err := b.fence.Floors(ctx, limit)
-	out := make([]scopeFloor, len(fs))
-	for i, f := range fs {
-		out[i] = scopeFloor{f.Scope, f.Floor}
-	}
-	return out, err
+func (b *etcdBackend) floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
+	return b.fence.Floors(ctx, limit)
 }
 
 func (b *etcdBackend) floor(ctx context.Context, scope string) (leasecore.Token, error) {
