@@ -17,7 +17,7 @@ type NewHarness func(ctx context.Context) (Harness, error)
 // only some backends have are optional interfaces, found by type assertion
 // (LongTransactions, CommitGapResources, LockWaitProbe, NegativeControls,
 // HolderProcesses, CrashRestarter, UserDataResources, AmbiguousOutcomes,
-// OutboxResources). A
+// OutboxResources, DelayedNetwork, Replicas). A
 // backend that deliberately lacks one declares it in Traits.Absent; a case
 // that needs an ability the harness neither implements nor declares absent
 // fails, so nothing passes by being forgotten. (An ability listed in
@@ -87,6 +87,10 @@ const (
 	// AbilityOutbox is OutboxResources (F9b; its relay section also needs
 	// HolderProcesses).
 	AbilityOutbox Ability = "fenced outbox"
+	// AbilityDelayedNetwork is DelayedNetwork (F14).
+	AbilityDelayedNetwork Ability = "delayed network"
+	// AbilityReplicas is Replicas (F16).
+	AbilityReplicas Ability = "replicas"
 )
 
 // LongTransactions is an optional interface that may be implemented by a

@@ -47,6 +47,8 @@ func (h *memHarness) Traits() conformance.Traits {
 		Absent: map[conformance.Ability]string{
 			conformance.AbilityLongTransaction: "an in-memory map has no transactions and one clock",
 			conformance.AbilityCrashRestart:    "in-memory state does not survive a crash",
+			conformance.AbilityDelayedNetwork:  "an in-memory map has no network to delay",
+			conformance.AbilityReplicas:        "an in-memory map has no replicas",
 		},
 	}
 }

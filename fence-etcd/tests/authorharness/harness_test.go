@@ -61,6 +61,8 @@ func (h *harness) Traits() conformance.Traits {
 			conformance.AbilityHolderProcesses:  "not wired in this example",
 			conformance.AbilityUserData:         "not wired in this example",
 			conformance.AbilityOutbox:           "not wired in this example",
+			conformance.AbilityDelayedNetwork:   "not wired in this example",
+			conformance.AbilityReplicas:         "not wired in this example",
 		},
 	}
 }

@@ -78,6 +78,7 @@ func (h *harness) Traits() conformance.Traits {
 		Absent: map[conformance.Ability]string{
 			conformance.AbilityLongTransaction: "the lease lives on etcd, which has no transaction clock (F2 on PostgreSQL shows it)",
 			conformance.AbilityCrashRestart:    "each backend's crash is its own F8 (postgres, etcd); the pair adds nothing to it",
+			conformance.AbilityReplicas:        "each backend's failover is its own F16 (postgres, etcd); the pair adds nothing to it",
 		},
 	}
 }
