@@ -182,6 +182,12 @@ type Server struct {
 	version   string
 	memberID  uint64
 
+	// Set for a Cluster member only, fixed after StartCluster: the cluster's size, the URL the
+	// member announces (its proxy's), and its name, which starts its progress lines.
+	clusterSize      int
+	advertisePeerURL string
+	logName          string
+
 	pid atomic.Int64 // the current child, 0 while none runs
 
 	// mu serializes KillRestart and Stop, so Stop never races a restart half way through.
@@ -360,5 +366,9 @@ func (s *Server) Stop() error {
 func (s *Server) logf(format string, args ...any) {
 	s.logMu.Lock()
 	defer s.logMu.Unlock()
-	fmt.Fprintf(s.log, "etcdtemp: "+format+"\n", args...)
+	prefix := "etcdtemp: "
+	if s.logName != "" {
+		prefix += s.logName + ": "
+	}
+	fmt.Fprintf(s.log, prefix+format+"\n", args...)
 }

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -92,7 +93,7 @@ func exitText(err error) string {
 func (s *Server) startFirst(ctx context.Context) error {
 	t0 := time.Now()
 	for attempt := 1; ; attempt++ {
-		clientPort, peerPort, err := freePorts()
+		clientPort, peerPort, err := freePorts(loopback)
 		if err != nil {
 			return err
 		}
@@ -298,13 +299,21 @@ func (s *Server) checkServer(ctx context.Context, c *clientv3.Client) error {
 	if err != nil {
 		return fmt.Errorf("listing members: %w", err)
 	}
-	if len(ml.Members) != 1 || !slices.Contains(ml.Members[0].PeerURLs, s.peerURL) {
+	// A Cluster member has the cluster's size and announces its proxy's URL; a lone server is a
+	// cluster of one that announces the URL it listens on.
+	size, peer := max(s.clusterSize, 1), s.peerURL
+	if s.advertisePeerURL != "" {
+		peer = s.advertisePeerURL
+	}
+	if len(ml.Members) != size || !slices.ContainsFunc(ml.Members, func(m *etcdserverpb.Member) bool {
+		return slices.Contains(m.PeerURLs, peer)
+	}) {
 		var peers []string
 		for _, m := range ml.Members {
 			peers = append(peers, m.Name+"="+strings.Join(m.PeerURLs, ","))
 		}
 		return permanentError{fmt.Errorf("%w: another etcd (members %s) answers on %s, not ours (peer %s)",
-			errPortInUse, strings.Join(peers, " "), s.clientURL, s.peerURL)}
+			errPortInUse, strings.Join(peers, " "), s.clientURL, peer)}
 	}
 	st, err := c.Status(ctx, s.clientURL)
 	if err != nil {
@@ -340,12 +349,12 @@ func (s *Server) exitedError(p *child) error {
 	return fmt.Errorf("etcdtemp: %s", detail)
 }
 
-// freePorts picks two distinct free ports on the loopback interface. Both listeners are open at
+// freePorts picks two distinct free ports on host, a loopback address. Both listeners are open at
 // once, so the kernel cannot hand out the same port twice.
-func freePorts() (client, peer int, err error) {
+func freePorts(host string) (client, peer int, err error) {
 	var ports [2]int
 	for i := range ports {
-		ln, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			return 0, 0, fmt.Errorf("etcdtemp: picking a free port: %w", err)
 		}

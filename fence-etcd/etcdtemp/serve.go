@@ -29,6 +29,13 @@ type serveConfig struct {
 	// ParentPID lets the child notice that its parent died where the kernel offers no
 	// parent-death signal (see procAttr).
 	ParentPID int `json:"parentPID"`
+
+	// AdvertisePeerURL, when set, is the peer URL the member announces to its cluster instead of
+	// PeerURL, where it listens: a Cluster member announces its proxy (see peerProxy).
+	AdvertisePeerURL string `json:"advertisePeerURL,omitempty"`
+	// InitialCluster, when set, is etcd's --initial-cluster, every member of a new cluster as
+	// name=advertised peer URL; empty means a cluster of this member alone.
+	InitialCluster string `json:"initialCluster,omitempty"`
 }
 
 // IsServeProcess reports whether this process was started by etcdtemp to run a server, that is,
@@ -117,14 +124,26 @@ func (sc *serveConfig) embedConfig() (*embed.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("peer URL: %w", err)
 	}
+	advertise := sc.PeerURL
+	if sc.AdvertisePeerURL != "" {
+		advertise = sc.AdvertisePeerURL
+	}
+	au, err := url.Parse(advertise)
+	if err != nil {
+		return nil, fmt.Errorf("advertised peer URL: %w", err)
+	}
+	initialCluster := sc.InitialCluster
+	if initialCluster == "" {
+		initialCluster = sc.Name + "=" + advertise
+	}
 	cfg := embed.NewConfig()
 	cfg.Name = sc.Name
 	cfg.Dir = sc.DataDir
 	cfg.ListenClientUrls = []url.URL{*cu}
 	cfg.AdvertiseClientUrls = []url.URL{*cu}
 	cfg.ListenPeerUrls = []url.URL{*pu}
-	cfg.AdvertisePeerUrls = []url.URL{*pu}
-	cfg.InitialCluster = sc.Name + "=" + sc.PeerURL
+	cfg.AdvertisePeerUrls = []url.URL{*au}
+	cfg.InitialCluster = initialCluster
 	cfg.InitialClusterToken = sc.ClusterToken
 	cfg.ClusterState = sc.ClusterState
 	cfg.TickMs = sc.HeartbeatMs
