@@ -173,6 +173,7 @@ func (h *harness) Traits() conformance.Traits {
 	case h.cfg.Cluster.External():
 		absent[conformance.AbilityCrashRestart] = "external server (LEASEFENCE_PG_URL): the suite does not crash a server it did not start"
 	}
+	h.declareReplicas(absent) // replicas.go
 	name := "postgres/" + h.cfg.Driver
 	if h.cfg.Pooler != "" {
 		name += " behind " + h.cfg.Pooler
