@@ -80,7 +80,7 @@ func withHostPort(dsn, addr string) (string, error) {
 	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
 		u, err := url.Parse(dsn)
 		if err != nil {
-			return "", fmt.Errorf("%s: parse lease DSN: %w", pkg, err)
+			return "", fmt.Errorf("%s: parse DSN: %w", pkg, err)
 		}
 		u.Host = addr
 		return u.String(), nil
