@@ -227,13 +227,19 @@ func testAsynchronousFailover(t *testing.T, driver string) {
 	}
 }
 
-// TestAsyncFailoverRecoverySQL checks the recovery step LIMITS proposes for
-// an asynchronous standby promoted anyway: before any client is let in,
-// every lease's token is raised by a margin larger than the tokens the lost
-// primary can have handed out, every lease released, and (the resource
-// schema having gone back with the same server) every floor raised by the
-// same margin. Then a new grant is larger than every token ever handed
-// out, and a holder of a token from the lost primary is rejected.
+// TestAsyncFailoverRecoverySQL checks the recovery step proposed for an
+// asynchronous standby promoted anyway, run on the promoted server before
+// the applications reconnect: every lease's token raised by a margin
+// larger than the number of tokens the lost primary can have handed out
+// past what the standby received, and every lease released. The triggers
+// that keep tokens from going down let it pass without the administrative
+// setting (it only raises them). Then every holder of the old state loses
+// its lease at its next renewal, the next grant is larger than every token
+// ever handed out, and once the new holder has written, a holder of a
+// token from the lost primary is rejected. Until then such a holder may
+// still write, as any stale holder may before the next holder's first
+// write (the floor went back with the server): one token still has one
+// holder, which is what the fence needs.
 func TestAsyncFailoverRecoverySQL(t *testing.T) {
 	ctx := t.Context()
 	pair, err := pgtemp.StartStandbyPair(ctx, false, pgtemp.WithBinDir(pgtest.Cluster(t).BinDir()))
@@ -277,6 +283,11 @@ func TestAsyncFailoverRecoverySQL(t *testing.T) {
 		t.Fatalf("a's write: %+v", r)
 	}
 	releaseAs(t, leases, a)
+	// d holds another lease, on both servers: the recovery step ends it.
+	d, err := leases.Acquire(ctx, "other", "d", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := pair.FreezeStandby(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -295,14 +306,9 @@ func TestAsyncFailoverRecoverySQL(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The recovery step, as an operator runs it on the promoted server,
-	// before the applications reconnect. 1,000,000 stands for "more
-	// acquires than the lost primary can have committed past what the
-	// standby received".
-	const recovery = `BEGIN;
-UPDATE leasefence.lease SET token = token + 1000000, expires_at = '-infinity';
-UPDATE leasefence.fence_floor SET max_token = max_token + 1000000;
-COMMIT`
+	// The recovery step. 1,000,000 stands for "more acquires than the lost
+	// primary can have committed past what the standby received".
+	const recovery = `UPDATE leasefence.lease SET token = token + 1000000, expires_at = '-infinity'`
 	conn := pgtest.Open(t, pgopen.Libpq, pair.Standby().DSN("app"), 1)
 	if _, err := conn.SQL.ExecContext(ctx, recovery); err != nil {
 		t.Fatalf("recovery step: %v", err)
@@ -310,20 +316,23 @@ COMMIT`
 
 	leases, res, closeStandby := open(pair.Standby())
 	defer closeStandby()
-	if floor, err := res.Floor(ctx, "f16"); err != nil || floor != a.Token+1000000 {
-		t.Errorf("floor after the recovery step = %d, %v; want a's %d + 1000000", floor, err, a.Token)
+	if _, err := leases.Renew(ctx, d); !errors.Is(err, leasecore.ErrLost) {
+		t.Errorf("d's renewal after the recovery step: %v, want leasecore.ErrLost", err)
 	}
-	if r := writeAs(t, res, b, "late b"); r.Accepted {
-		t.Errorf("b's write with token %d from the lost primary after the recovery step: %+v, want rejected", b.Token, r)
+	if r := writeAs(t, res, b, "late b"); !r.Accepted || r.Floor != b.Token {
+		t.Errorf("b's write with token %d before any new holder wrote: %+v; want accepted (the floor went back to %d with the server)", b.Token, r, a.Token)
 	}
 	c := acquireAs(t, leases, "c", 30*time.Second)
-	if c.Token <= b.Token {
-		t.Errorf("c's token %d after the recovery step, want larger than the lost primary's %d", c.Token, b.Token)
+	if c.Token != a.Token+1000001 || c.Token <= b.Token {
+		t.Errorf("c's token %d after the recovery step, want a's %d + 1000001, larger than the lost primary's %d", c.Token, a.Token, b.Token)
 	}
 	if r := writeAs(t, res, c, "by c"); !r.Accepted {
 		t.Errorf("c's write after the recovery step: %+v, want accepted", r)
 	}
-	t.Logf("after the recovery step: lost primary's token %d rejected, next grant %d accepted", b.Token, c.Token)
+	if r := writeAs(t, res, b, "late b"); r.Accepted || r.Floor != c.Token {
+		t.Errorf("b's write with token %d from the lost primary after c's: %+v, want rejected by %d", b.Token, r, c.Token)
+	}
+	t.Logf("after the recovery step: d's lease ended, the next grant is %d, the lost primary's token %d rejected once c wrote", c.Token, b.Token)
 }
 
 // TestReplicaSetAbsentWithoutCluster: a harness with no local cluster to
