@@ -68,8 +68,11 @@ type ReplicaSet interface {
 	OpenResource(ctx context.Context) (Resource, error)
 	// HoldBackStandby waits until the member a failover will promote has
 	// applied every commit acknowledged so far, then stops it from
-	// receiving more until Failover (PostgreSQL: SIGSTOP to the standby's
-	// processes): a lagging asynchronous standby at the moment of a crash.
+	// receiving more until Failover (PostgreSQL: the replication connection
+	// cut and the standby's processes stopped with SIGSTOP — SIGSTOP alone
+	// is not enough, the kernel buffers the WAL the primary keeps sending
+	// and the standby replays it when resumed): a lagging asynchronous
+	// standby at the moment of a crash.
 	// In synchronous mode it returns an error wrapping
 	// errors.ErrUnsupported: a synchronous standby held back would stop
 	// every commit.
