@@ -2,8 +2,9 @@
 // conformance suite: fenceetcd's lease store and fenced resource,
 // etcdcontrol's negative controls, the suite's own user data behind a
 // fenceetcd.Fence (F1u, F4u, F4m, F6u, F7u, F10u: keys under <prefix>/user/),
-// holder processes (F4, F5, F4u, F4m), a server crash (F8) and the fenced
-// outbox (fenceetcd.Outbox, F9b).
+// holder processes (F4, F5, F4u, F4m), a server crash (F8; on a cluster,
+// CrashLeader), the fenced outbox (fenceetcd.Outbox, F9b) and failover in
+// clusters of its own (F16, Config.ReplicaMembers; replicas.go).
 //
 //	func TestConformance(t *testing.T) {
 //		srv := etcdtemp.StartTB(t)
@@ -41,6 +42,7 @@ import (
 	"github.com/leasefence/leasefence/conformance"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdcontrol"
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -66,6 +68,16 @@ type Config struct {
 	// attaches all names of one holder to one etcd lease. The traits'
 	// name is then "etcd/shared-leases".
 	SharedLeases bool
+
+	// ReplicaMembers is the size of the etcd cluster the harness starts
+	// for each replicated deployment F16 asks for (conformance.Replicas,
+	// replicas.go): at least 3, so that the others keep a quorum when the
+	// leader is killed. 0 declares replicas absent.
+	ReplicaMembers int
+	// ReplicaOptions are passed to etcdtemp.StartCluster, e.g.
+	// etcdtemp.WithArgs("etcd-server") for a program whose subcommand
+	// runs etcdtemp.Serve (a test binary needs none: its TestMain does).
+	ReplicaOptions []etcdtemp.Option
 }
 
 // New returns the suite's factory for cfg. Each call of the factory picks a
@@ -75,6 +87,9 @@ func New(cfg Config) conformance.NewHarness {
 	return func(ctx context.Context) (conformance.Harness, error) {
 		if len(cfg.Endpoints) == 0 {
 			return nil, fmt.Errorf("%s: Config.Endpoints is empty: %w", pkg, leasecore.ErrInvalidArgument)
+		}
+		if err := checkReplicaMembers(cfg.ReplicaMembers); err != nil { // replicas.go
+			return nil, err
 		}
 		if err := leasecore.CheckContext("new harness", ctx); err != nil {
 			return nil, err
@@ -99,7 +114,10 @@ type harness struct {
 	mu      sync.Mutex
 	clients []*clientv3.Client      // closed by Close
 	stores  []*fenceetcd.LeaseStore // closed by Close, before the clients
-	closed  bool
+	// clusters are the replicated deployments StartReplicas started,
+	// stopped by Close after the clients.
+	clusters []*etcdtemp.Cluster
+	closed   bool
 }
 
 var (
@@ -125,6 +143,7 @@ func (h *harness) Traits() conformance.Traits {
 	if h.cfg.Crash == nil {
 		absent[conformance.AbilityCrashRestart] = "etcdconformance.Config.Crash is not set: no server this harness may crash"
 	}
+	h.declareReplicas(absent) // replicas.go
 	name := "etcd"
 	if h.cfg.SharedLeases {
 		name = "etcd/shared-leases"
@@ -223,11 +242,11 @@ func (h *harness) CrashRestart(ctx context.Context) (string, time.Duration, erro
 
 // Close implements conformance.Harness: it closes every lease store the
 // harness opened (in shared mode that revokes their shared etcd leases),
-// then every client.
+// then every client, then stops the clusters StartReplicas started.
 func (h *harness) Close() error {
 	h.mu.Lock()
-	clients, stores := h.clients, h.stores
-	h.clients, h.stores, h.closed = nil, nil, true
+	clients, stores, clusters := h.clients, h.stores, h.clusters
+	h.clients, h.stores, h.clusters, h.closed = nil, nil, nil, true
 	h.mu.Unlock()
 	var errs []error
 	for _, s := range stores {
@@ -235,6 +254,9 @@ func (h *harness) Close() error {
 	}
 	for _, c := range slices.Backward(clients) {
 		errs = append(errs, closeClient(c))
+	}
+	for _, c := range clusters {
+		errs = append(errs, c.Stop())
 	}
 	return errors.Join(errs...)
 }
