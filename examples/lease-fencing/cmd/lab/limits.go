@@ -27,6 +27,10 @@ type limitsRow struct {
 	// DowntimeFinding and ExpiryFinding are what the figures show, in
 	// words; they change when the figures do.
 	DowntimeFinding, ExpiryFinding string
+
+	// DelayFinding (F14), ClockFinding (F15) and FailoverFinding (F16)
+	// are what the cases for the article's untested boundaries printed.
+	DelayFinding, ClockFinding, FailoverFinding string
 }
 
 var (
@@ -35,6 +39,16 @@ var (
 	reCrashTTL  = regexp.MustCompile(`left of its ttl (\S+)`)
 	reExpiry    = regexp.MustCompile(`expired by the backend's clock (\S+) after SIGSTOP`)
 	reStopTTL   = regexp.MustCompile(`(?m)^CASE F4 ::.*\n  note resource=\S+; ttl=(\S+) `)
+
+	reDelayHeld    = regexp.MustCompile(`A's write was held in the network for (\S+) `)
+	reDelayVerdict = regexp.MustCompile(`  (ok  |FAIL) \[I3\] A's delayed write with token \d+ is rejected`)
+	reClockBelief  = regexp.MustCompile(`A believed itself valid for at least (\S+) past the backend's expiry`)
+	reClockVerdict = regexp.MustCompile(`  (ok  |FAIL) \[I3\] A's write with token \d+, sent while its session was valid by its own clock, is rejected`)
+	reFailover     = regexp.MustCompile(`(?m)^  -- synchronous replication\n(?s:.*?)  note failover: (.*); writes unavailable for (\S+)\n`)
+	reFailoverNew  = regexp.MustCompile(`\[I2\] holder-c's token after the failover is larger than every token handed out before it[^\n]*\(expected=([^,]+), actual=([^)]+)\)`)
+	reReissue      = regexp.MustCompile(`negative control exposes: the promoted asynchronous standby hands out token (\d+) again`)
+	reAsyncSkip    = regexp.MustCompile(`skip asynchronous replication: (.*)`)
+	reCaseSkip     = regexp.MustCompile(`(?m)^CASE F16 ::.*\n  skip (.*)$`)
 )
 
 const notRun = "(not run)"
@@ -51,7 +65,68 @@ func newLimitsRow(name, output string, passed, failed int) limitsRow {
 		CrashTTL: find(reCrashTTL), StopTTL: find(reStopTTL)}
 	r.DowntimeFinding = downtimeFinding(r.CrashTTL, r.Downtime, r.Remaining)
 	r.ExpiryFinding = expiryFinding(r.StopTTL, r.ExpiryAfterStop)
+	r.DelayFinding = delayFinding(output)
+	r.ClockFinding = clockFinding(output)
+	r.FailoverFinding = failoverFinding(output)
 	return r
+}
+
+// verdict turns a check line's kind into words.
+func verdict(m []string) string {
+	if m == nil {
+		return "not checked"
+	}
+	if m[1] == "FAIL" {
+		return "NOT rejected (FAIL)"
+	}
+	return "rejected"
+}
+
+// delayFinding is F14's: how long the write sat in the proxy, and what the
+// fence did with it.
+func delayFinding(out string) string {
+	m := reDelayHeld.FindStringSubmatch(out)
+	if m == nil {
+		return "F14 did not run here: nothing measured"
+	}
+	return fmt.Sprintf("a write sent while the lease was valid, held in a TCP proxy for %s and delivered after the next holder wrote, was %s by the fence",
+		m[1], verdict(reDelayVerdict.FindStringSubmatch(out)))
+}
+
+// clockFinding is F15's: how long a session on a slow clock believed
+// itself valid past the backend's expiry, and what the fence did.
+func clockFinding(out string) string {
+	m := reClockBelief.FindStringSubmatch(out)
+	if m == nil {
+		return "F15 did not run here: nothing measured"
+	}
+	return fmt.Sprintf("a session whose clock ran at a quarter of real time believed itself valid for at least %s past the backend's expiry; its write was %s by the fence",
+		m[1], verdict(reClockVerdict.FindStringSubmatch(out)))
+}
+
+// failoverFinding is F16's: the synchronous failover's downtime and next
+// token, and what the asynchronous negative control did.
+func failoverFinding(out string) string {
+	if m := reCaseSkip.FindStringSubmatch(out); m != nil {
+		return "F16 skipped: " + m[1]
+	}
+	m := reFailover.FindStringSubmatch(out)
+	if m == nil {
+		return "F16 did not run here: nothing measured"
+	}
+	s := fmt.Sprintf("synchronous: %s; writes unavailable for %s", m[1], m[2])
+	if n := reFailoverNew.FindStringSubmatch(out); n != nil {
+		s += fmt.Sprintf("; the next token after it: expected %s, got %s", n[1], n[2])
+	}
+	switch {
+	case reReissue.MatchString(out):
+		s += fmt.Sprintf("; asynchronous (negative control): the promoted standby handed token %s out a second time", reReissue.FindStringSubmatch(out)[1])
+	case reAsyncSkip.MatchString(out):
+		s += "; asynchronous: " + reAsyncSkip.FindStringSubmatch(out)[1]
+	default:
+		s += "; asynchronous (negative control): no token was handed out twice (the control did not fire)"
+	}
+	return s
 }
 
 // slack absorbs the time between the figures' readings (the acquire, the

@@ -71,3 +71,44 @@ func TestLimitsTemplateClaimsNothingFixed(t *testing.T) {
 		}
 	}
 }
+
+// The findings of F14, F15 and F16 come from their lines, FAILs included.
+func TestLimitsFindingsOfTheBuiltBoundaries(t *testing.T) {
+	out := "CASE F14 :: network-delayed write\n" +
+		"  -- fenced\n" +
+		"  note A's write was held in the network for 1.2s (312 bytes; first seen 3ms after the hold began); ...\n" +
+		"  ok   [I3] A's delayed write with token 1 is rejected with B's token as the floor (expected=x, actual=x)\n" +
+		"CASE F15 :: clock-rate fault\n" +
+		"  note A believed itself valid for at least 640ms past the backend's expiry of its lease (...)\n" +
+		"  FAIL [I3] A's write with token 1, sent while its session was valid by its own clock, is rejected with B's token as the floor (expected=a, actual=b)\n" +
+		"CASE F16 :: failover\n" +
+		"  -- synchronous replication\n" +
+		"  note failover: immediate stop of the primary; writes unavailable for 180ms\n" +
+		"  ok   [I2] holder-c's token after the failover is larger than every token handed out before it (1, 2): none is reused (expected=token=3, actual=token=3)\n" +
+		"  -- negative control: asynchronous standby\n" +
+		"  note failover: the same; writes unavailable for 200ms\n" +
+		"  ok   negative control exposes: the promoted asynchronous standby hands out token 2 again: ...\n"
+	r := newLimitsRow("x", out, 1, 1)
+	for _, tc := range []struct{ got, want string }{
+		{r.DelayFinding, "held in a TCP proxy for 1.2s and delivered after the next holder wrote, was rejected by the fence"},
+		{r.ClockFinding, "for at least 640ms past the backend's expiry; its write was NOT rejected (FAIL)"},
+		{r.FailoverFinding, "synchronous: immediate stop of the primary; writes unavailable for 180ms; the next token after it: expected token=3, got token=3; asynchronous (negative control): the promoted standby handed token 2 out a second time"},
+	} {
+		if !strings.Contains(tc.got, tc.want) {
+			t.Errorf("finding %q, want it to contain %q", tc.got, tc.want)
+		}
+	}
+	etcd := "CASE F16 :: failover\n  -- synchronous replication\n  note failover: SIGKILL of the leader; writes unavailable for 1.1s\n" +
+		"  -- negative control: asynchronous standby\n  skip asynchronous replication: etcd has no asynchronous mode\n"
+	if f := newLimitsRow("e", etcd, 1, 0).FailoverFinding; !strings.HasSuffix(f, "; asynchronous: etcd has no asynchronous mode") {
+		t.Errorf("etcd finding %q", f)
+	}
+	if f := newLimitsRow("n", "CASE F16 :: failover\n  skip replicas: no cluster\n", 0, 0).FailoverFinding; f != "F16 skipped: replicas: no cluster" {
+		t.Errorf("skipped finding %q", f)
+	}
+	for _, f := range []string{newLimitsRow("n", "", 0, 0).DelayFinding, newLimitsRow("n", "", 0, 0).ClockFinding} {
+		if !strings.Contains(f, "did not run here") {
+			t.Errorf("finding of nothing %q", f)
+		}
+	}
+}
