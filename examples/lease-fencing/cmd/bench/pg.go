@@ -59,14 +59,22 @@ type pgEnv struct {
 	leasePool *pgxpool.Pool
 	resPool   *pgxpool.Pool
 	par       *pgxpool.Pool // exactly `clients` connections, for the concurrent variants
+	par64     *pgxpool.Pool // exactly `manyClients` connections
 	leases    *fencepg.LeaseStore
 	res       *fencepg.Resource
 	parRes    *fencepg.Resource
+	par64Res  *fencepg.Resource
 	fence     *fencepg.Fence // default options, for the caller's own rows in bench_part
 }
 
 // clients is the number of concurrent writers in the contention variants.
 const clients = 8
+
+// manyClients is the number of concurrent writers of the capacity variants
+// (issue 17: with 64 clients each writing its own scope, does the fence
+// keep up with plain upserts?). Each has a server connection of its own;
+// with the bench's other pools that stays under max_connections (100).
+const manyClients = 64
 
 func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error) {
 	e := &pgEnv{}
@@ -110,6 +118,12 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if e.parRes, err = fencepg.NewResource(e.par); err != nil {
 		return nil, err
 	}
+	if e.par64, err = open("bench_res", manyClients); err != nil {
+		return nil, err
+	}
+	if e.par64Res, err = fencepg.NewResource(e.par64); err != nil {
+		return nil, err
+	}
 	if e.fence, err = fencepg.NewFence(e.resPool); err != nil {
 		return nil, err
 	}
@@ -127,7 +141,7 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 }
 
 func (e *pgEnv) close() error {
-	for _, p := range []*pgxpool.Pool{e.leasePool, e.resPool, e.par} {
+	for _, p := range []*pgxpool.Pool{e.leasePool, e.resPool, e.par, e.par64} {
 		if p != nil {
 			p.Close()
 		}
@@ -163,9 +177,10 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		}
 		shards = append(shards, g)
 	}
-	parallel := func(b *testing.B, body func(id int) error) {
-		// clients goroutines in all, each on its own connection of e.par.
-		b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+	parallelN := func(b *testing.B, n int, body func(id int) error) {
+		// n goroutines in all (GOMAXPROCS times the parallelism: at least
+		// n), each on its own connection of a pool of exactly n.
+		b.SetParallelism((n + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 		var next atomic.Int64
 		b.RunParallel(func(pb *testing.PB) {
 			id := int(next.Add(1))
@@ -177,6 +192,7 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 			}
 		})
 	}
+	parallel := func(b *testing.B, body func(id int) error) { parallelN(b, clients, body) }
 	mustAccept := func(r leasecore.Result, err error) error {
 		if err == nil && !r.Accepted {
 			err = fmt.Errorf("write rejected: floor %d", r.Floor)
@@ -253,6 +269,18 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		{name: "fenced_8_scopes_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
 				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("bench-scope-%d", id),
+					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
+			})
+		}},
+		{name: "unfenced_64_clients", perOp: 1, parallel: func(b *testing.B) {
+			parallelN(b, manyClients, func(id int) error {
+				_, err := e.par64.Exec(ctx, plainUpsert, "bench-par64", fmt.Sprintf("part-%d", id), content, "holder-a", 1)
+				return err
+			})
+		}},
+		{name: "fenced_64_scopes_64_clients", perOp: 1, parallel: func(b *testing.B) {
+			parallelN(b, manyClients, func(id int) error {
+				return mustAccept(e.par64Res.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("bench-scope64-%d", id),
 					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
 			})
 		}},
