@@ -76,6 +76,10 @@ func etcdHarness(shared bool) func(s servers) conformance.NewHarness {
 			Endpoints:    s.etcd.Endpoints(),
 			HolderArgs:   holderArgs,
 			SharedLeases: shared,
+			// F16 starts 3-member clusters of its own on 127.0.0.1-3, their
+			// members this binary's etcd-server subcommand too.
+			ReplicaMembers: 3,
+			ReplicaOptions: []etcdtemp.Option{etcdtemp.WithArgs("etcd-server")},
 			Crash: func(ctx context.Context) (string, time.Duration, error) {
 				d, err := s.etcd.KillRestart(ctx)
 				return "SIGKILL to the etcd server process, restart on the same data directory", d, err
