@@ -21,10 +21,10 @@ func TestTraits(t *testing.T) {
 		absent []conformance.Ability
 	}{
 		{Config{Endpoints: []string{"x"}, HolderArgs: []string{"-test.run=^$"}, Crash: crash},
-			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe}},
+			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe, conformance.AbilityReplicas}},
 		{Config{Endpoints: []string{"x"}},
 			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe,
-				conformance.AbilityHolderProcesses, conformance.AbilityCrashRestart}},
+				conformance.AbilityHolderProcesses, conformance.AbilityCrashRestart, conformance.AbilityReplicas}},
 	} {
 		h, err := New(c.cfg)(context.Background())
 		if err != nil {
