@@ -1,6 +1,9 @@
 package torture
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -196,5 +199,57 @@ func TestPlanIsAFunctionOfSeedAndIndex(t *testing.T) {
 	}
 	if len(kinds) != len(allFaultKinds) {
 		t.Errorf("four histories' first faults cover %v, want every kind", kinds)
+	}
+}
+
+// Old seeds replay the same: the schedules a nemesis without partitions
+// draws are those it drew before partitions existed. The fingerprint was
+// taken with the nemesis of commit 1235cee (before the etcd cluster's lane).
+func TestPlanWithoutPartitionsUnchanged(t *testing.T) {
+	type raw plannedFault // the fields, not String
+	h := sha256.New()
+	for i := range 200 {
+		for _, f := range planHistory(42, i, defaultNemesis(), time.Second, 2500*time.Millisecond, 3) {
+			fmt.Fprintf(h, "%d %+v\n", i, raw(f))
+		}
+	}
+	if got, want := hex.EncodeToString(h.Sum(nil)), "b1f8e723a8627f4352ba51c9755ad9ba1f5243849bfa01a0098cfc91c63b7335"; got != want {
+		t.Errorf("the schedules of seed 42 changed (fingerprint %s, want %s): old seeds would not replay; history 0 is now %+v",
+			got, want, raw(planHistory(42, 0, defaultNemesis(), time.Second, 2500*time.Millisecond, 3)[0]))
+	}
+}
+
+// The cluster's rotation puts a leader kill, a partition and a pause in
+// the first three histories (the short run), and a partition lasts 1-3 TTL.
+func TestClusterNemesis(t *testing.T) {
+	nc := clusterNemesis()
+	var first []faultKind
+	for i := range 3 {
+		first = append(first, planHistory(7, i, nc, time.Second, 3*time.Second, 3)[0].Kind)
+	}
+	if want := []faultKind{faultCrash, faultPartition, faultPause}; !slices.Equal(first, want) {
+		t.Errorf("the first three histories start with %v, want %v", first, want)
+	}
+	partitions := 0
+	for i := range 200 {
+		for _, f := range planHistory(7, i, nc, time.Second, 3*time.Second, 3) {
+			if f.Kind != faultPartition {
+				continue
+			}
+			partitions++
+			if f.Dur < time.Second || f.Dur > 3*time.Second {
+				t.Errorf("history %d: %v: a partition lasts 1-3 TTL", i, f)
+			}
+		}
+	}
+	if partitions < 40 {
+		t.Errorf("%d partitions in 200 histories, want at least one in every fifth", partitions)
+	}
+	for i := range 200 {
+		for _, f := range planHistory(7, i, defaultNemesis(), time.Second, 3*time.Second, 3) {
+			if f.Kind == faultPartition {
+				t.Errorf("history %d: the default nemesis drew a partition: %v", i, f)
+			}
+		}
 	}
 }

@@ -3,7 +3,8 @@
 // one lease with leasecore.Campaign and, while leading, write user data of
 // one scope through the fence, while a seeded nemesis freezes them
 // (SIGSTOP), kills them (SIGKILL), crashes the server, and holds their
-// traffic in a TCP proxy. The operation log of every history, with one
+// traffic in a TCP proxy; on a 3-member etcd cluster it kills the leader
+// and cuts a member off from the others. The operation log of every history, with one
 // machine clock (CLOCK_MONOTONIC, shared by all processes), and the
 // server's final state are then checked: I2 (every token unique, in real
 // time order), I3 in real time, the final state, acknowledged writes never

@@ -64,12 +64,22 @@ func dialEtcd(endpoints []string) (*clientv3.Client, error) {
 func (s *etcdServer) name() string    { return "etcd" }
 func (s *etcdServer) backend() string { return "etcd" }
 
-func (s *etcdServer) target() string {
-	return strings.TrimPrefix(s.srv.Endpoints()[0], "http://")
+func (s *etcdServer) targets() []string {
+	return []string{strings.TrimPrefix(s.srv.Endpoints()[0], "http://")}
 }
 
-func (s *etcdServer) holderSpec(proxyAddr string) holderSpec {
-	return holderSpec{Backend: "etcd", Endpoints: []string{"http://" + proxyAddr}, Prefix: s.prefix}
+func (s *etcdServer) holderSpec(proxyAddrs []string) holderSpec {
+	return etcdHolderSpec(proxyAddrs, s.prefix)
+}
+
+// etcdHolderSpec gives a holder's client every proxy as an endpoint: one
+// for a single server, one per member of a cluster.
+func etcdHolderSpec(proxyAddrs []string, prefix string) holderSpec {
+	eps := make([]string, len(proxyAddrs))
+	for i, a := range proxyAddrs {
+		eps[i] = "http://" + a
+	}
+	return holderSpec{Backend: "etcd", Endpoints: eps, Prefix: prefix}
 }
 
 // crash kills the server process with SIGKILL and starts it again on the
@@ -93,10 +103,19 @@ func floorKey(prefix, scope string) string { return prefix + "/floor/" + url.Pat
 
 // read reads the floor and both tables in one Txn of Gets (one revision).
 func (s *etcdServer) read(ctx context.Context, scope string, _ flavor) (Snapshot, error) {
-	resp, err := s.cli.Txn(ctx).Then(
-		clientv3.OpGet(floorKey(s.prefix, scope)),
-		clientv3.OpGet(s.prefix+"/user/"+tableNames[0]+"/"+url.PathEscape(scope)+"/", clientv3.WithPrefix()),
-		clientv3.OpGet(s.prefix+"/user/"+tableNames[1]+"/"+url.PathEscape(scope)+"/", clientv3.WithPrefix()),
+	return readEtcd(ctx, s.cli, s.prefix, scope)
+}
+
+// readEtcd reads scope's floor and both tables under prefix in one Txn of
+// Gets: one revision, and linearizable on any member of a cluster (etcd
+// serves a read-only Txn that is not serializable after a ReadIndex: the
+// leader confirms with a quorum that it still leads, and the member waits
+// until it applied the log that far).
+func readEtcd(ctx context.Context, cli *clientv3.Client, prefix, scope string) (Snapshot, error) {
+	resp, err := cli.Txn(ctx).Then(
+		clientv3.OpGet(floorKey(prefix, scope)),
+		clientv3.OpGet(prefix+"/user/"+tableNames[0]+"/"+url.PathEscape(scope)+"/", clientv3.WithPrefix()),
+		clientv3.OpGet(prefix+"/user/"+tableNames[1]+"/"+url.PathEscape(scope)+"/", clientv3.WithPrefix()),
 	).Commit()
 	if err != nil {
 		return Snapshot{}, err

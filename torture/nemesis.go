@@ -24,8 +24,16 @@ const (
 	// faultDelay holds a holder's traffic in its proxy for 1-3 TTL, then
 	// delivers it: requests sent while its lease was valid arrive late.
 	faultDelay faultKind = "delay"
+	// faultPartition cuts one member of an etcd cluster off from the
+	// others for 1-3 TTL (etcdtemp.Cluster.Partition, through the members'
+	// peer proxies), then heals it; its clients still reach it. Only a
+	// cluster's nemesis draws it.
+	faultPartition faultKind = "partition"
 )
 
+// allFaultKinds are the kinds every backend's nemesis draws from, in the
+// order of the rotation. faultPartition is not among them: adding a kind
+// here would change every schedule of an existing seed.
 var allFaultKinds = []faultKind{faultPause, faultKill, faultCrash, faultDelay}
 
 // plannedFault is one fault of a history's schedule.
@@ -39,8 +47,11 @@ type plannedFault struct {
 	// old token after the thaw; a crash then finds that write's commit
 	// freshly acknowledged.
 	AfterAck bool
-	Leader   bool // aim at the holder that acquired last, if any ...
-	Slot     int  // ... else at this one
+	// Leader: aim at the holder that acquired last, if any, else at Slot.
+	// A partition: cut off the member the cluster follows, else member
+	// Slot (modulo the members).
+	Leader bool
+	Slot   int
 }
 
 func (f plannedFault) String() string {
@@ -59,6 +70,16 @@ func (f plannedFault) String() string {
 		return fmt.Sprintf("crash at +%v", f.At.Round(time.Millisecond))
 	case faultKill:
 		return fmt.Sprintf("kill %s at +%v", target, f.At.Round(time.Millisecond))
+	case faultPartition:
+		member := fmt.Sprintf("member %d", f.Slot)
+		if f.Leader {
+			member = "the leader"
+		}
+		when := fmt.Sprintf("at +%v", f.At.Round(time.Millisecond))
+		if f.AfterAck {
+			when += ", right after the next acknowledged write"
+		}
+		return fmt.Sprintf("partition %s of the cluster %s for %v", member, when, f.Dur.Round(time.Millisecond))
 	}
 	return fmt.Sprintf("%s %s at +%v for %v", f.Kind, target, f.At.Round(time.Millisecond), f.Dur.Round(time.Millisecond))
 }
@@ -75,6 +96,8 @@ type nemesisConfig struct {
 	// pause and delay durations, in TTLs.
 	pauseMin, pauseMax float64
 	delayMin, delayMax float64
+	// partition durations, in TTLs.
+	partitionMin, partitionMax float64
 	// leaderBias is the probability that a holder fault is aimed at the
 	// leader: freezing a follower tests little.
 	leaderBias float64
@@ -90,7 +113,17 @@ type nemesisConfig struct {
 
 func defaultNemesis() nemesisConfig {
 	return nemesisConfig{kinds: allFaultKinds, extra: 0.3, pauseMin: 0.5, pauseMax: 3, delayMin: 1, delayMax: 3,
-		leaderBias: 0.75, afterAck: 0.5, earliest: 0.15, latest: 0.6}
+		partitionMin: 1, partitionMax: 3, leaderBias: 0.75, afterAck: 0.5, earliest: 0.15, latest: 0.6}
+}
+
+// clusterNemesis is the nemesis of an etcd cluster: every kind of the
+// others (a crash there kills the leader) and partitions. The rotation
+// starts with the two that change the leader, so that the short run's
+// three histories have a leader kill, a partition and a pause.
+func clusterNemesis() nemesisConfig {
+	nc := defaultNemesis()
+	nc.kinds = []faultKind{faultCrash, faultPartition, faultPause, faultDelay, faultKill}
+	return nc
 }
 
 // planHistory is history idx's schedule: a function of the run's seed, the
@@ -107,6 +140,10 @@ func planHistory(seed uint64, idx int, nc nemesisConfig, ttl, window time.Durati
 			f.Dur = time.Duration(frac(nc.pauseMin, nc.pauseMax) * float64(ttl))
 		case faultDelay:
 			f.Dur = time.Duration(frac(nc.delayMin, nc.delayMax) * float64(ttl))
+		case faultPartition:
+			// Drawn only for partitions, so the schedules of a nemesis
+			// without them draw exactly what they drew before.
+			f.Dur = time.Duration(frac(nc.partitionMin, nc.partitionMax) * float64(ttl))
 		}
 		return f
 	}

@@ -134,15 +134,15 @@ func (s *pgServer) name() string { return s.label }
 
 func (s *pgServer) backend() string { return "pg" }
 
-func (s *pgServer) target() string {
-	return s.cluster.Host() + ":" + strconv.Itoa(s.cluster.Port())
+func (s *pgServer) targets() []string {
+	return []string{s.cluster.Host() + ":" + strconv.Itoa(s.cluster.Port())}
 }
 
 // holderSpec points a holder's connections at its proxy.
-func (s *pgServer) holderSpec(proxyAddr string) holderSpec {
+func (s *pgServer) holderSpec(proxyAddrs []string) holderSpec {
 	return holderSpec{Backend: "pg",
-		LeaseDSN:    viaProxy(s.cluster.DSN(pgLeaseDB), proxyAddr, 3),
-		ResourceDSN: viaProxy(s.cluster.DSN(pgResDB), proxyAddr, 4)}
+		LeaseDSN:    viaProxy(s.cluster.DSN(pgLeaseDB), proxyAddrs[0], 3),
+		ResourceDSN: viaProxy(s.cluster.DSN(pgResDB), proxyAddrs[0], 4)}
 }
 
 // viaProxy is dsn with its host replaced by the proxy's address.

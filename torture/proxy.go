@@ -166,3 +166,50 @@ func (p *proxy) close() error {
 	}
 	return err
 }
+
+// proxySet is one holder's proxies, one per server address the holder
+// reaches: one for PostgreSQL and a single etcd, one per member of an etcd
+// cluster (the holder's client gets all of them as its endpoints, so it
+// survives the loss of any one member). The delay fault holds them all.
+type proxySet []*proxy
+
+func startProxies(targets []string) (proxySet, error) {
+	var ps proxySet
+	for _, t := range targets {
+		p, err := startProxy(t)
+		if err != nil {
+			_ = ps.close()
+			return nil, err
+		}
+		ps = append(ps, p)
+	}
+	return ps, nil
+}
+
+func (ps proxySet) addrs() []string {
+	as := make([]string, len(ps))
+	for i, p := range ps {
+		as[i] = p.addr()
+	}
+	return as
+}
+
+func (ps proxySet) hold() {
+	for _, p := range ps {
+		p.hold()
+	}
+}
+
+func (ps proxySet) release() {
+	for _, p := range ps {
+		p.release()
+	}
+}
+
+func (ps proxySet) close() error {
+	var errs []error
+	for _, p := range ps {
+		errs = append(errs, p.close())
+	}
+	return errors.Join(errs...)
+}

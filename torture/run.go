@@ -23,14 +23,17 @@ import (
 
 // server is the backend under test, started by the parent.
 type server interface {
-	name() string    // for the output: "pg", "pg (synchronous_commit=off)", "etcd"
-	backend() string // "pg" or "etcd"
-	// target is the host:port the holders' proxies forward to.
-	target() string
-	// holderSpec is what a holder needs to reach the server through proxyAddr.
-	holderSpec(proxyAddr string) holderSpec
+	name() string    // for the output: "pg", "pg (synchronous_commit=off)", "etcd", "etcd cluster of 3 members"
+	backend() string // the holders' backend: "pg" or "etcd"
+	// targets are the host:port addresses the holders' proxies forward to,
+	// one proxy per address and holder: the server's, or every member's.
+	targets() []string
+	// holderSpec is what a holder needs to reach the server through its
+	// proxies, at proxyAddrs (in the order of targets).
+	holderSpec(proxyAddrs []string) holderSpec
 	// crash crashes the server and restarts it on the same data; it returns
-	// when the server serves again.
+	// when the server serves again. On a cluster it kills the leader, and
+	// the other members serve on.
 	crash(ctx context.Context) (downtime time.Duration, how string, err error)
 	// read reads the scope's floor and both tables at one point.
 	read(ctx context.Context, scope string, fl flavor) (Snapshot, error)
@@ -73,6 +76,9 @@ type runResult struct {
 	histories         int
 	ops               map[Kind]map[Outcome]int
 	faults            map[faultKind]int
+	kinds             []faultKind // the kinds the nemesis drew from
+	downLabel         string      // what downtime is the downtime of
+	terms             [2]uint64   // a cluster's raft term at the run's start and end; 0: not a cluster
 	checkerTime       time.Duration
 	violations        map[string]int
 	violating         int // histories with at least one violation
@@ -93,6 +99,16 @@ func newRunResult(name, srv string, seed uint64) *runResult {
 func runTorture(ctx context.Context, srv server, cfg runConfig) (*runResult, error) {
 	t0 := time.Now()
 	r := &runner{cfg: cfg, srv: srv, res: newRunResult(cfg.name, srv.name(), cfg.seed)}
+	r.res.kinds, r.res.downLabel = cfg.nemesis.kinds, "server down"
+	ms, cluster := srv.(memberServer)
+	if cluster {
+		r.res.downLabel = "killed leaders down"
+		// The raft term rises with every election: the figures say how many
+		// leader changes the run's tokens had to survive.
+		if t, err := ms.term(ctx); err == nil {
+			r.res.terms[0] = t
+		}
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer r.closeLanes()
@@ -100,11 +116,11 @@ func runTorture(ctx context.Context, srv server, cfg runConfig) (*runResult, err
 		ln := &lane{idx: i, lease: fmt.Sprintf("%s-lane%d", cfg.flavor, i), i2: newI2Run()}
 		r.lanes = append(r.lanes, ln)
 		for j := range cfg.holders {
-			p, err := startProxy(srv.target())
+			ps, err := startProxies(srv.targets())
 			if err != nil {
 				return nil, err
 			}
-			s := &slot{lane: ln, idx: j, proxy: p}
+			s := &slot{lane: ln, idx: j, proxies: ps}
 			ln.slots = append(ln.slots, s)
 			if err := r.startHolder(ctx, s); err != nil {
 				return nil, err
@@ -147,15 +163,22 @@ func runTorture(ctx context.Context, srv server, cfg runConfig) (*runResult, err
 	if err := r.closeLanes(); err != nil {
 		r.res.harness = append(r.res.harness, err.Error())
 	}
+	if cluster && r.res.terms[0] > 0 {
+		if t, err := ms.term(ctx); err == nil {
+			r.res.terms[1] = t
+		}
+	}
 	r.res.wall = time.Since(t0)
 	return r.res, nil
 }
 
 type runner struct {
-	cfg     runConfig
-	srv     server
-	lanes   []*lane
-	crashMu sync.Mutex // one server crash at a time, whichever lane asks
+	cfg   runConfig
+	srv   server
+	lanes []*lane
+	// crashMu: one server fault (a crash; on a cluster a leader kill or a
+	// partition) at a time, whichever lane asks.
+	crashMu sync.Mutex
 
 	resMu sync.Mutex
 	res   *runResult
@@ -177,12 +200,12 @@ type lane struct {
 	msg atomic.Pointer[runMsg]   // its RUN message (holder and seed set per holder)
 }
 
-// slot is one holder position of a lane: a proxy, and the holder process
-// currently behind it (a new one after each kill).
+// slot is one holder position of a lane: its proxies, and the holder
+// process currently behind them (a new one after each kill).
 type slot struct {
-	lane  *lane
-	idx   int
-	proxy *proxy
+	lane    *lane
+	idx     int
+	proxies proxySet
 
 	faultMu sync.Mutex // held by the fault acting on this holder
 
@@ -225,7 +248,7 @@ func (p *holderProc) signal(sig syscall.Signal) { _ = p.cmd.Process.Signal(sig) 
 // startHolder starts a new holder process in slot s and waits for READY;
 // if a history runs, it is sent the history's RUN.
 func (r *runner) startHolder(ctx context.Context, s *slot) error {
-	spec := r.srv.holderSpec(s.proxy.addr())
+	spec := r.srv.holderSpec(s.proxies.addrs())
 	spec.Flavor, spec.TTL, spec.Lease = r.cfg.flavor, r.cfg.ttl, s.lane.lease
 	b, err := json.Marshal(spec)
 	if err != nil {
@@ -414,7 +437,7 @@ func (r *runner) runHistory(ctx context.Context, ln *lane, idx int) error {
 	}()
 	for _, s := range ln.slots {
 		s.current().signal(syscall.SIGCONT)
-		s.proxy.release()
+		s.proxies.release()
 	}
 	ln.msg.Store(nil)
 	for _, s := range ln.slots {
@@ -531,7 +554,7 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 			s = c
 		}
 	}
-	if f.Kind != faultCrash {
+	if f.Kind != faultCrash && f.Kind != faultPartition {
 		// One fault at a time per holder: two kills of one leader would
 		// otherwise both start a replacement, and one of them would run on,
 		// untracked, campaigning for an old history.
@@ -582,11 +605,31 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		r.resMu.Lock()
 		r.res.downtime += down
 		r.resMu.Unlock()
+	case faultPartition:
+		ms, ok := r.srv.(memberServer)
+		if !ok {
+			return fr, fmt.Errorf("partition: %s has no members to partition", r.srv.name())
+		}
+		// A server fault like a crash, and one at a time with them: the
+		// member partitioned is never the one killed, and a majority of the
+		// members stays up and connected.
+		r.crashMu.Lock()
+		fr.Start = monoNow()
+		target, how, err := ms.partition(ctx, f)
+		r.crashMu.Unlock()
+		if err != nil {
+			return fr, fmt.Errorf("partition: %w", err)
+		}
+		fr.Target, fr.Note = target, how
 	case faultDelay:
-		s.proxy.hold()
+		s.proxies.hold()
 		sleepCtx(ctx, f.Dur)
-		s.proxy.release()
-		fr.Note = fmt.Sprintf("traffic held in the proxy for %v, then delivered", f.Dur.Round(time.Millisecond))
+		s.proxies.release()
+		where := "the proxy"
+		if len(s.proxies) > 1 {
+			where = fmt.Sprintf("its %d proxies (one per member)", len(s.proxies))
+		}
+		fr.Note = fmt.Sprintf("traffic held in %s for %v, then delivered", where, f.Dur.Round(time.Millisecond))
 	}
 	fr.End = monoNow()
 	return fr, nil
@@ -660,7 +703,7 @@ func (r *runner) closeLanes() error {
 			for _, s := range ln.slots {
 				if p := s.current(); p != nil {
 					p.signal(syscall.SIGCONT)
-					s.proxy.release()
+					s.proxies.release()
 					_ = p.stdin.Close()
 					select {
 					case <-p.exited:
@@ -675,7 +718,7 @@ func (r *runner) closeLanes() error {
 						r.checkRaces(p)
 					}
 				}
-				_ = s.proxy.close()
+				_ = s.proxies.close()
 			}
 		}
 		r.closeErr = errors.Join(errs...)

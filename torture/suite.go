@@ -36,6 +36,26 @@ type timing struct {
 var timings = map[string]timing{
 	"pg":   {ttl: 500 * time.Millisecond, window: 1600 * time.Millisecond, settle: 400 * time.Millisecond, readEvery: 100 * time.Millisecond},
 	"etcd": {ttl: time.Second, window: 2500 * time.Millisecond, settle: 600 * time.Millisecond, readEvery: 150 * time.Millisecond},
+	// The cluster keeps etcd's shortest lease, 1s (etcd's minimum TTL is
+	// 1.5 election timeouts rounded up to whole seconds: 1s with etcdtemp's
+	// 500ms): a leader change, which pauses writes and renewals for an
+	// election timeout or two, then ends some holding periods and not
+	// others, and both are checked. A leader kill holds the fault for the
+	// election and the restart (about 1s), so the window is half a second
+	// longer than a single member's, and the settle 200ms longer: after a
+	// restart or a heal the holders' clients reconnect to that member
+	// (their backoff reaches 500ms) before the history stops.
+	"etcd-cluster": {ttl: time.Second, window: 3000 * time.Millisecond, settle: 800 * time.Millisecond, readEvery: 150 * time.Millisecond},
+}
+
+// nemesisFor is the nemesis of a backend's fence and of its controls'
+// base: every backend draws from allFaultKinds, the cluster also
+// partitions (clusterNemesis).
+func nemesisFor(backend string) nemesisConfig {
+	if backend == "etcd-cluster" {
+		return clusterNemesis()
+	}
+	return defaultNemesis()
 }
 
 // SuiteReport is the outcome of RunSuite: the figures as lines, the runs,
@@ -68,8 +88,9 @@ func (o SuiteOptions) logf(format string, args ...any) {
 	}
 }
 
-// RunSuite runs the torture of backend ("pg" or "etcd"): the fence, then
-// the negative controls, and reports the figures. Problems are violations
+// RunSuite runs the torture of backend ("pg", "etcd", or "etcd-cluster",
+// a 3-member etcd cluster): the fence, then the negative controls, and
+// reports the figures. Problems are violations
 // of the fence, controls that did not fire, and harness failures.
 func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteReport {
 	rep := &SuiteReport{ControlEvidence: map[string]string{}}
@@ -86,17 +107,22 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		srv, err = startPG(ctx, false)
 	case "etcd":
 		srv, err = startEtcd(ctx)
+	case "etcd-cluster":
+		srv, err = startEtcdCluster(ctx)
 	}
 	if err != nil {
 		return fail(err)
 	}
 	defer srv.close()
 	opt.logf("%s: server up in %v", srv.name(), time.Since(t0).Round(time.Millisecond))
+	if d, ok := srv.(interface{ describe() string }); ok {
+		opt.logf("%s: %s", srv.name(), d.describe())
+	}
 
 	base := func(name string, fl flavor, histories int) runConfig {
 		return runConfig{name: name, flavor: fl, ttl: tm.ttl, window: tm.window, settle: tm.settle,
 			readEvery: tm.readEvery, histories: histories, only: opt.Only, lanes: max(1, opt.Lanes), holders: 3,
-			seed: opt.Seed, nemesis: defaultNemesis(), quotaMin: 3, quotaMax: 15,
+			seed: opt.Seed, nemesis: nemesisFor(backend), quotaMin: 3, quotaMax: 15,
 			workMin: 10 * time.Millisecond, workMax: 50 * time.Millisecond, linTimeout: 2 * time.Minute,
 			replay: opt.Replay, logf: opt.Logf, holderArgs: opt.HolderArgs}
 	}
@@ -116,6 +142,15 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		}
 		if faults < 3 || kinds < 3 {
 			rep.Problems = append(rep.Problems, fmt.Errorf("%s: the nemesis injected %d faults of %d kinds; the run needs at least 3 of 3", res.name, faults, kinds))
+		}
+		// And a run as long as the rotation has had every kind of it: on
+		// the cluster, leader kills and partitions are the point.
+		if res.histories >= len(cfg.nemesis.kinds) {
+			for _, k := range cfg.nemesis.kinds {
+				if res.faults[k] == 0 {
+					rep.Problems = append(rep.Problems, fmt.Errorf("%s: %d histories and no %s fault", res.name, res.histories, k))
+				}
+			}
 		}
 	}
 
@@ -288,7 +323,15 @@ func (res *runResult) figures() []string {
 	}
 	faults := 0
 	var fk []string
-	for _, k := range allFaultKinds {
+	// The four kinds of every backend, then any other the run drew from
+	// (the cluster's partitions).
+	kinds := slices.Clone(allFaultKinds)
+	for _, k := range res.kinds {
+		if !slices.Contains(kinds, k) {
+			kinds = append(kinds, k)
+		}
+	}
+	for _, k := range kinds {
 		faults += res.faults[k]
 		fk = append(fk, fmt.Sprintf("%s %d", k, res.faults[k]))
 	}
@@ -296,15 +339,29 @@ func (res *runResult) figures() []string {
 	for _, v := range slices.Sorted(maps.Keys(res.verdicts)) {
 		verdicts = append(verdicts, fmt.Sprintf("%s %d", v, res.verdicts[v]))
 	}
-	return []string{
+	down := res.downLabel
+	if down == "" {
+		down = "server down"
+	}
+	lines := []string{
 		fmt.Sprintf("== %s on %s: %d histories in %v, seed %d", res.name, res.server, res.histories,
 			res.wall.Round(time.Second), res.seed),
 		fmt.Sprintf("   operations %d: %s; %s; %s", total, count(KindWrite), count(KindAdvance), count(KindRead)),
 		fmt.Sprintf("   lease operations: %s; %s; %s", count(KindAcquire), count(KindRenew), count(KindRelease)),
-		fmt.Sprintf("   faults %d: %s (server down %v in all)", faults, strings.Join(fk, ", "), res.downtime.Round(time.Millisecond)),
+		fmt.Sprintf("   faults %d: %s (%s %v in all)", faults, strings.Join(fk, ", "), down, res.downtime.Round(time.Millisecond)),
+	}
+	if res.terms[0] > 0 && res.terms[1] > 0 {
+		// Every election raises the term by one (a split vote by one more),
+		// a partitioned follower's failed pre-votes do not: roughly the
+		// leader changes the tokens were checked across, faults and the
+		// load's own.
+		lines = append(lines, fmt.Sprintf("   leader elections: %d over the run (raft term %d -> %d)",
+			res.terms[1]-res.terms[0], res.terms[0], res.terms[1]))
+	}
+	return append(lines,
 		fmt.Sprintf("   checker time %v; linearizability verdicts: %s", res.checkerTime.Round(time.Millisecond), strings.Join(verdicts, ", ")),
 		fmt.Sprintf("   violations %d in %d histories: %s", sumValues(res.violations), res.violating, describeViolations(res.violations, nil)),
-	}
+	)
 }
 
 func sumValues(m map[string]int) int {
