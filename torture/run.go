@@ -568,7 +568,7 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		p.signal(syscall.SIGSTOP)
 		t0 := time.Now()
 		sleepCtx(ctx, f.Dur) // thawed whatever happens: a frozen holder never stays behind
-		if r.cfg.nemesis.pauseUntilTakeover {
+		if r.cfg.nemesis.pauseUntilTakeover || (r.cfg.nemesis.ackedPauseUntilTakeover && f.AfterAck) {
 			// Frozen on until another holder's write was acknowledged (at
 			// most 6 TTL in all): the write it sends after the thaw is then
 			// certainly stale.

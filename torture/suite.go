@@ -48,14 +48,17 @@ var timings = map[string]timing{
 	"etcd-cluster": {ttl: time.Second, window: 3000 * time.Millisecond, settle: 800 * time.Millisecond, readEvery: 150 * time.Millisecond},
 }
 
-// nemesisFor is the nemesis of a backend's fence and of its controls'
-// base: every backend draws from allFaultKinds, the cluster also
-// partitions (clusterNemesis).
+// nemesisFor is the nemesis of a backend's fence (the controls build their
+// own): every backend draws from allFaultKinds, the cluster also
+// partitions (clusterNemesis); a pause right after an acknowledged write
+// holds its holder until another holder's write was acknowledged.
 func nemesisFor(backend string) nemesisConfig {
+	nc := defaultNemesis()
 	if backend == "etcd-cluster" {
-		return clusterNemesis()
+		nc = clusterNemesis()
 	}
-	return defaultNemesis()
+	nc.ackedPauseUntilTakeover = true
+	return nc
 }
 
 // SuiteReport is the outcome of RunSuite: the figures as lines, the runs,
