@@ -63,6 +63,17 @@ var (
 	// fenced by one service again. A stale token of the floor's own space
 	// is an ordinary rejection, without an error.
 	ErrTokenSpace = errors.New("leasecore: token from another lease service")
+
+	// ErrScopeMoved: a fence rejected a claim because the scope was moved
+	// away from this location: its data and floor now live at another
+	// database or cluster, and this location's floor is SealedFloor, which
+	// rejects every write (see ScopeSeal). The rejected Result comes with
+	// a *ScopeMovedError naming the destination, so a stale holder, or
+	// one whose routing is stale, learns where the scope went. Retrying
+	// here never helps; writing there is judged by the floor that moved
+	// with the data. Sealing a scope again for another destination is
+	// refused with it too.
+	ErrScopeMoved = errors.New("leasecore: scope moved to another location")
 )
 
 // ArgError describes one bad input. It wraps ErrInvalidArgument.

@@ -21,7 +21,8 @@ type FenceEvent struct {
 	// Err is the error returned with a rejection, if any: a
 	// *TokenSpaceError when the floor was set by a token from another
 	// token space (errors.Is(Err, ErrTokenSpace): a misconfiguration, not
-	// a stale holder), or the failure to log the rejection. Nil for an
-	// acceptance.
+	// a stale holder), a *ScopeMovedError when the scope was moved to
+	// another location (errors.Is(Err, ErrScopeMoved): see ScopeSeal), or
+	// the failure to log the rejection. Nil for an acceptance.
 	Err error
 }

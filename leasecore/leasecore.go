@@ -11,9 +11,19 @@ import (
 // tokens from 1 upwards and never reuses one (I2).
 type Token uint64
 
-// MaxToken is the largest token any backend stores: tokens live in signed
-// 64-bit columns (PostgreSQL bigint, etcd revisions).
-const MaxToken Token = math.MaxInt64
+// MaxToken is the largest token any backend issues or accepts. Tokens live
+// in signed 64-bit columns (PostgreSQL bigint, etcd revisions), whose
+// largest value, SealedFloor, is reserved for the floor of a sealed scope:
+// MaxToken is one less, so that every claim is below a sealed floor.
+const MaxToken Token = SealedFloor - 1
+
+// SealedFloor is the floor of a scope sealed at a location it moved away
+// from (see ScopeSeal): the largest value a floor can hold, above every
+// token. A fence compares every claim with the floor as it always does, so
+// a sealed scope rejects every write there without a condition of its own
+// on the accepted path; only the rejection path asks why, and reports a
+// *ScopeMovedError. Result.Floor and the backends' Floor read it as is.
+const SealedFloor Token = math.MaxInt64
 
 // String returns the token in decimal.
 func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }

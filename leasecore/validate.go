@@ -81,14 +81,16 @@ func CheckTTL(op string, ttl, minTTL time.Duration) error {
 	return nil
 }
 
-// CheckToken validates a token: 1..MaxToken.
+// CheckToken validates a token: 1..MaxToken. SealedFloor, one above
+// MaxToken, is refused too: it is the floor of a sealed scope, and a claim
+// with it would pass that floor.
 func CheckToken(op string, t Token) error {
 	switch {
 	case t == 0:
 		return &ArgError{Op: op, Field: "token", Value: "0", Reason: "must be positive (0 is never issued)"}
 	case t > MaxToken:
 		return &ArgError{Op: op, Field: "token", Value: t.String(),
-			Reason: fmt.Sprintf("is above the largest storable token %d", MaxToken)}
+			Reason: fmt.Sprintf("is above the largest token %d (%d is reserved: the floor of a sealed scope)", MaxToken, SealedFloor)}
 	}
 	return nil
 }

@@ -206,6 +206,8 @@ func TestCheckToken(t *testing.T) {
 		{"one", 1, true},
 		{"MaxToken", leasecore.MaxToken, true},
 		{"MaxToken+1", leasecore.MaxToken + 1, false},
+		{"SealedFloor", leasecore.SealedFloor, false},
+		{"MaxInt64+1", math.MaxInt64 + 1, false},
 		{"MaxUint64", math.MaxUint64, false},
 	}
 	for _, tc := range tests {
@@ -223,8 +225,11 @@ func TestCheckToken(t *testing.T) {
 			}
 		})
 	}
-	if got, want := leasecore.MaxToken.String(), "9223372036854775807"; got != want {
+	if got, want := leasecore.MaxToken.String(), "9223372036854775806"; got != want {
 		t.Errorf("MaxToken.String() = %q, want %q", got, want)
+	}
+	if got, want := leasecore.SealedFloor.String(), "9223372036854775807"; got != want {
+		t.Errorf("SealedFloor.String() = %q, want %q", got, want)
 	}
 }
 

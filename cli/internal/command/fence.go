@@ -278,7 +278,8 @@ func parseToken(cmd, v string) (leasecore.Token, error) {
 	case n == 0:
 		return 0, usagef(cmd, "%s: invalid TOKEN %q: must be positive (0 is never issued)", cmd, v)
 	case leasecore.Token(n) > leasecore.MaxToken:
-		return 0, usagef(cmd, "%s: invalid TOKEN %q: above the largest storable token %d", cmd, v, leasecore.MaxToken)
+		return 0, usagef(cmd, "%s: invalid TOKEN %q: above the largest token %d (%d is reserved: the floor of a sealed scope)",
+			cmd, v, leasecore.MaxToken, leasecore.SealedFloor)
 	}
 	return leasecore.Token(n), nil
 }
