@@ -47,8 +47,12 @@ import (
 // raised it (column token_space); the space is read only after a
 // rejection, so accepted checks cost what they did. A floor raised before
 // the column existed, or by a claim without a space, gives the ordinary
-// rejection. Errors wrap leasecore's sentinels as described in the package
-// documentation.
+// rejection. A scope moved to another database (SealScope, InstallScope;
+// leasecore.ScopeSeal) is rejected here whatever the token, with
+// Result.Floor leasecore.SealedFloor and a *leasecore.ScopeMovedError
+// naming where it went (errors.Is leasecore.ErrScopeMoved), read on the
+// rejection path only as well. Errors wrap leasecore's sentinels as
+// described in the package documentation.
 //
 // The check is written for Read Committed, PostgreSQL's default isolation
 // level: it relies on a blocked lock re-reading the newest version of the
@@ -325,7 +329,7 @@ func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor
 	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
 	if !res.Accepted {
 		logErr := f.logRejected(ctx, op, c, "", res.Floor)
-		err := errors.Join(f.spaceError(ctx, op, c), logErr)
+		err := errors.Join(f.diagnose(ctx, op, c, res.Floor), logErr)
 		f.report(op, c, res, err)
 		return res, err
 	}
@@ -742,7 +746,7 @@ func (f *Fence) advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 	if !res.Accepted {
 		// Logged by the statement itself (autocommit); only the diagnosis
 		// is left.
-		return res, f.spaceError(ctx, op, c)
+		return res, f.diagnose(ctx, op, c, res.Floor)
 	}
 	return res, nil
 }

@@ -148,8 +148,9 @@ func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leas
 		return floor, err
 	}
 	// The statements stored the parts exactly when the floor they left
-	// equals our token. A rejection by a floor from another token space
-	// comes with its diagnosis (Fence.spaceError), read after the commit.
+	// equals our token. A rejection by a floor from another token space,
+	// or by a sealed scope, comes with its diagnosis (Fence.diagnose), read
+	// after the commit.
 	result := func(floor int64) (leasecore.Result, error) {
 		res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
 		if !res.Accepted || r.fence.cfg.observe != nil {
@@ -198,7 +199,7 @@ func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leas
 func (r *Resource) finish(ctx context.Context, op string, c leasecore.Claim, res leasecore.Result) (leasecore.Result, error) {
 	var err error
 	if !res.Accepted {
-		err = r.fence.spaceError(ctx, op, c)
+		err = r.fence.diagnose(ctx, op, c, res.Floor)
 	}
 	r.fence.report(op, c, res, err)
 	return res, err
