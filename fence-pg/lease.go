@@ -3,7 +3,6 @@ package fencepg
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -26,10 +25,65 @@ import (
 // the database clock has passed (see WaitFree: with lib/pq, or behind a
 // transaction pooler, waiting falls back to polling or to that remaining
 // time). It is safe for concurrent use.
+//
+// # Holder sessions
+//
+// With WithHolderSessions the store hangs all names of one holder and TTL
+// on one row of table holder_session (holder, TTL, session id, expiry),
+// like the locks of one Chubby session or the keys of one etcd lease, and
+// each name's row points at its session instead of carrying an expiry of
+// its own. A name is held while its session is unexpired by the database
+// clock and still the one it was acquired on:
+//
+//   - Acquire, one statement: takes the name when it is absent, released,
+//     expired, or on a session that is over, with token + 1 (1 for a new
+//     name), and in the same commit refreshes the holder's session to
+//     now() + TTL, or starts a new one, with a new session id, when it had
+//     expired: names of an expired session never come back to life, not
+//     even when the holder acquires again. Acquiring refreshes the session,
+//     so it also renews the holder's other names of that TTL. The holder's
+//     own live name is refused with ErrHeld, as without the mode.
+//     Grant.Start is read before the request, as without the mode: the
+//     session's new expiry is set by the same statement, so it is never
+//     earlier than Start + TTL, and no backdating is needed (etcd's
+//     shared mode, which does not refresh on every acquire, dates Start
+//     back to its last refresh).
+//   - Renew and RenewAll: one UPDATE of the session row, only while it is
+//     unexpired and every grant renewed still hangs on it with its token.
+//     Renewing one name renews all the names on the session; RenewAll of a
+//     holder's names with one TTL updates one row whatever their number.
+//     The lease rows are read, not written.
+//   - Release ends that name only: its row leaves the session and reads
+//     released; the session and its other names live on.
+//   - A session that expires ends all its names at once. Renew and RenewAll
+//     then fail for each with a *leasecore.HoldError wrapping ErrLost whose
+//     Reason says that the holder session expired (or was replaced by a
+//     newer one) and that every name on it ended with it: the cause a
+//     leasecore.Session's Err and a leasecore.SessionSet's LostName carry.
+//   - Inspect, List, WaitFree and TakeOver report such names by their
+//     session's expiry, in stores of either mode.
+//   - An acquire whose outcome is unknown — the connection broke or ctx
+//     ended after the request was sent, or database/sql sent it again on a
+//     new connection and found the first execution's hold (lib/pq) — is
+//     undone: the caller got an error and no grant, and the holder's
+//     renewals of its other names would otherwise keep that name held for
+//     ever. The undo ends the hold only if the name still hangs on a
+//     session by that very acquire (a random acquire id); it is tried at
+//     once and again before the holder's next calls through the store, for
+//     a minute, if it could not be done (see undoGrace).
+//
+// Tokens are as without the mode: per name, +1 per grant in the same
+// durable commit, never reused, across session losses and server crashes
+// alike.
 type LeaseStore struct {
 	db     dbx.DB
 	schema string
 	stmt   struct{ acquire, renew, release, renewAll, inspect string }
+
+	// Holder sessions (WithHolderSessions).
+	sessions bool
+	sess     sessionStatements
+	undos    undoQueue
 
 	// For WaitFree, which needs a connection of its own: exactly one is set.
 	pool  *pgxpool.Pool
@@ -49,7 +103,8 @@ var (
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
-// database. Of the options only WithSchema and WithoutNotifications apply.
+// database. Of the options only WithSchema, WithoutNotifications and
+// WithHolderSessions apply.
 // A nil pool or an invalid option returns a *leasecore.ArgError. The caller
 // keeps ownership of the pool and closes it.
 func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
@@ -83,10 +138,13 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify}
+	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: holderSessionsIn(opts)}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
+	if s.sessions {
+		s.sess = newSessionStatements(in)
+	}
 	return s, nil
 }
 
@@ -97,7 +155,15 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 // wrapping leasecore.ErrHeld and changes nothing. Grant.Start is read just
 // before the request is sent. Grant.Space is the lease schema's token space,
 // "postgres:<uuid>", returned by the same statement (see LeaseDDL).
+//
+// With holder sessions it attaches the name to the holder's session of
+// ttl instead, refreshing or starting that session (see LeaseStore, and
+// pgsql.AcquireSession for the statement); a refusal's HoldError names
+// the current holder and token.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	if s.sessions {
+		return s.acquireSession(ctx, name, holder, ttl)
+	}
 	return pgstore.Acquire(ctx, s.db, s.stmt.acquire, pkg, name, holder, ttl, MinTTL)
 }
 
@@ -107,9 +173,15 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 // leasecore.ErrLost whose Reason says what did not match, and changes
 // nothing; a renew after expiry fails even when nobody took over. The
 // returned grant has the same token and space and a new Start.
+//
+// With holder sessions it extends g's session instead, and with it every
+// name on that session (see LeaseStore).
 func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
 	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
 		return leasecore.Grant{}, err
+	}
+	if s.sessions {
+		return s.renewSession(ctx, g)
 	}
 	// Read before sending: the server extends from when it runs the
 	// statement, so Start + TTL is never later than the new expiry.
@@ -126,9 +198,15 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // succeeds at once with token + 1. Released twice, after expiry or after a
 // take-over it returns a *leasecore.HoldError wrapping leasecore.ErrLost and
 // changes nothing.
+//
+// With holder sessions it takes the name off its session, which lives on
+// for the holder's other names.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
 		return err
+	}
+	if s.sessions {
+		return s.sessionChange(ctx, "release", g, s.sess.release)
 	}
 	return s.endOrExtend(ctx, "release", g, s.stmt.release)
 }
@@ -144,7 +222,7 @@ func (s *LeaseStore) endOrExtend(ctx context.Context, op string, g leasecore.Gra
 	)
 	err := pgstore.RetrySerialization(ctx, func() error {
 		return s.db.QueryRow(ctx, query, args...).Scan(
-			&before.exists, &before.holder, &token, &before.released, &before.held)
+			&before.exists, &before.holder, &token, &before.released, &before.held, &before.onSession)
 	})
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
@@ -163,6 +241,7 @@ type leaseRow struct {
 	holder         string
 	token          leasecore.Token
 	released, held bool
+	onSession      bool // it hangs on a holder session
 }
 
 // lostReason says why g's holding period could not be renewed or released,
@@ -179,6 +258,9 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 		return fmt.Sprintf("holder %q does not hold it (held by %q with token %d)", g.Holder, r.holder, r.token)
 	case r.released:
 		return "released"
+	case r.onSession:
+		return "it hangs on a holder session: a store with WithHolderSessions acquired it " +
+			"(every store that acquires, renews or releases one holder's names must use the same mode)"
 	case !r.held:
 		return "expired"
 	}
@@ -193,23 +275,18 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 // interval instead of one per name. Each lease is judged by Renew's rule
 // and keeps its own token; the statement returns only the leases it did
 // not renew, with their rows as they were, so lost[i] says why.
+//
+// With holder sessions it updates the sessions the grants hang on instead:
+// one row for all of a holder's names of one TTL (see LeaseStore).
 func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
 	const op = "renew all"
+	if s.sessions {
+		return s.renewAllSession(ctx, gs)
+	}
 	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
-	type jsonGrant struct {
-		Name  string `json:"name"`
-		Token int64  `json:"token"`
-		TTLus int64  `json:"ttl_us"`
-	}
-	in := make([]jsonGrant, len(gs))
-	index := make(map[string]int, len(gs))
-	for i, g := range gs {
-		in[i] = jsonGrant{g.Name, int64(g.Token), g.TTL.Microseconds()}
-		index[g.Name] = i
-	}
-	arg, err := json.Marshal(in)
+	arg, index, err := renewAllInput(gs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
@@ -217,7 +294,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 	var lost []error
 	err = pgstore.RetrySerialization(ctx, func() error {
 		lost = make([]error, len(gs))
-		rows, err := s.db.Query(ctx, s.stmt.renewAll, gs[0].Holder, string(arg))
+		rows, err := s.db.Query(ctx, s.stmt.renewAll, gs[0].Holder, arg)
 		if err != nil {
 			return err
 		}
@@ -228,7 +305,8 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 				before leaseRow
 				token  int64
 			)
-			if err := rows.Scan(&name, &before.exists, &before.holder, &token, &before.released, &before.held); err != nil {
+			if err := rows.Scan(&name, &before.exists, &before.holder, &token, &before.released, &before.held,
+				&before.onSession); err != nil {
 				return err
 			}
 			before.token = leasecore.Token(token)
@@ -252,7 +330,9 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 }
 
 // Inspect implements leasecore.LeaseInspector with one SELECT. Held and
-// Remaining are computed by the database clock at the moment of the read.
+// Remaining are computed by the database clock at the moment of the read;
+// for a name on a holder session, from its session's expiry, in either
+// mode.
 func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
 	const op = "inspect"
 	if err := leasecore.CheckInspect(ctx, name); err != nil {

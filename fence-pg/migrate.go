@@ -5,6 +5,7 @@ import (
 	_ "embed" // the schema files below
 	"fmt"
 	"regexp"
+	"slices"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
@@ -53,11 +54,16 @@ func checkSchemaName(op, name string) error {
 // function token_space that names the schema's token space (a UUID drawn
 // by the server the first time the script runs there, never changed: see
 // leasecore.Grant.Space), for users who apply migrations with their own
-// tool instead of Migrate. It is idempotent (CREATE ... IF NOT EXISTS). The
-// runtime role then needs (EXECUTE on token_space is PUBLIC's by default):
+// tool instead of Migrate. It also creates the holder_session table of
+// WithHolderSessions and the function holder_session_expiry through which
+// every store reads a session's expiry, and adds the lease table's columns
+// of that mode to a table made before it. It is idempotent (CREATE ... IF
+// NOT EXISTS; a column is added only when missing). The runtime role then
+// needs (EXECUTE on the functions is PUBLIC's by default):
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.holder_session TO <role>; -- with WithHolderSessions only
 //
 // LeaseStore.Preflight checks them, and names any that is missing.
 func LeaseDDL(schema string) (string, error) {
@@ -97,9 +103,10 @@ func ddl(script, schema string) string {
 	return "CREATE SCHEMA IF NOT EXISTS " + schema + ";\n" + pgsql.InSchema(guardSchema+"\n"+script, schema)
 }
 
-// Migrate creates the lease table and the token_space function (see
-// LeaseDDL) in the lease database if they do not exist, then runs
-// CheckSchema. It is idempotent, and two processes
+// Migrate creates the lease table, the holder_session table and their
+// functions (see LeaseDDL) in the lease database if they do not exist,
+// adds the lease table's columns of holder sessions to a table made before
+// them, then runs CheckSchema. It is idempotent, and two processes
 // running it at once serialise on an advisory lock inside its transaction.
 func (s *LeaseStore) Migrate(ctx context.Context) error {
 	if err := pgstore.Migrate(ctx, s.db, pkg, ddl(leaseSchema, s.schema)); err != nil {
@@ -114,8 +121,22 @@ func (s *LeaseStore) Migrate(ctx context.Context) error {
 // after its connection, durability and privilege checks (a role without
 // privileges sees the table as missing; Preflight names the GRANT): call
 // Preflight at start-up.
+//
+// A store with holder sessions also wants the holder_session table; one
+// without the mode only the lease table's columns of the mode and the
+// function it reads sessions through (its role need not see
+// holder_session).
 func (s *LeaseStore) CheckSchema(ctx context.Context) error {
-	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, pgsql.LeaseColumns, pgsql.LeaseFunctions)
+	return pgstore.CheckSchema(ctx, s.db, pkg, s.schema, s.columns(), pgsql.LeaseFunctions)
+}
+
+// columns are the columns CheckSchema and Preflight want for the store's
+// mode.
+func (s *LeaseStore) columns() []pgsql.Column {
+	if s.sessions {
+		return append(slices.Clip(pgsql.LeaseColumns), pgsql.SessionColumns...)
+	}
+	return pgsql.LeaseColumns
 }
 
 // Migrate creates the resource tables (fence_floor, report_part,

@@ -72,6 +72,14 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // holding period is over when the new one starts); what TakeOver gives up
 // is waiting for the TTL.
 //
+// A name on a holder session (WithHolderSessions) is taken off it: that
+// name's holding period ends, the session and its other names go on.
+// A store with holder sessions gives the name to holder's session of ttl
+// (refreshed or started, as by Acquire), so the grant renews and releases
+// through that store; a store without the mode gives it an expiry of its
+// own. The state reported is read by the previous holding period's own
+// rule, in either mode.
+//
 // Bad input (name, holder, ttl as for Acquire) returns a
 // *leasecore.ArgError before anything is sent.
 func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, leasecore.LeaseState, error) {
@@ -85,8 +93,12 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 	prev := leasecore.LeaseState{Name: name}
 	var token, prevToken, remaining int64
 	var space string
-	err := pgstore.RetrySerialization(ctx, func() error {
-		return s.db.QueryRow(ctx, pgsql.InSchema(pgsql.TakeOver, s.schema), name, holder, ttl.Microseconds()).Scan(
+	stmt, retry := pgsql.TakeOver, pgstore.RetrySerialization
+	if s.sessions {
+		stmt, retry = pgsql.TakeOverSession, pgstore.RetryConflicts
+	}
+	err := retry(ctx, func() error {
+		return s.db.QueryRow(ctx, pgsql.InSchema(stmt, s.schema), name, holder, ttl.Microseconds()).Scan(
 			&token, &prev.Exists, &prev.Holder, &prevToken, &prev.Held, &prev.Released, &remaining, &space)
 	})
 	if err != nil {

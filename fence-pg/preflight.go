@@ -32,8 +32,9 @@ var ErrNotDurable = pgstore.ErrNotDurable
 //   - the server runs with fsync off: ErrNotDurable, which wraps
 //     leasecore.ErrConfig;
 //   - the pool's role lacks a privilege the store needs: USAGE on the
-//     schema, SELECT, INSERT and UPDATE on lease: leasecore.ErrConfig,
-//     the message lists each missing GRANT for this role;
+//     schema, SELECT, INSERT and UPDATE on lease (and on holder_session,
+//     with WithHolderSessions): leasecore.ErrConfig, the message lists
+//     each missing GRANT for this role;
 //   - the lease table is missing, out of date or foreign: CheckSchema's
 //     leasecore.ErrSchema (run Migrate).
 //
@@ -41,7 +42,11 @@ var ErrNotDurable = pgstore.ErrNotDurable
 // Migrate when the process migrates itself (Migrate runs as the tables'
 // owner; Preflight checks the role the pool logs in as).
 func (s *LeaseStore) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, s.db, pkg, s.schema, pgstore.LeaseTables, pgsql.LeaseColumns, pgsql.LeaseFunctions)
+	tables := pgstore.LeaseTables
+	if s.sessions {
+		tables = pgstore.SessionLeaseTables
+	}
+	return pgstore.Preflight(ctx, s.db, pkg, s.schema, tables, s.columns(), pgsql.LeaseFunctions)
 }
 
 // Preflight is LeaseStore.Preflight for the fence's database: the same

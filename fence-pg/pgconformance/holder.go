@@ -23,6 +23,9 @@ type holderSpec struct {
 	ResourceDSN string                   `json:"resource_dsn"`
 	Kind        conformance.ResourceKind `json:"kind"`
 	Pooler      string                   `json:"pooler,omitempty"`
+	// HolderSessions: the holder's lease store uses
+	// fencepg.WithHolderSessions, like the harness's.
+	HolderSessions bool `json:"holder_sessions,omitempty"`
 }
 
 // HolderCommand implements conformance.HolderProcesses: the running binary
@@ -37,7 +40,8 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}
 	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
-		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind, Pooler: h.cfg.Pooler})
+		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind, Pooler: h.cfg.Pooler,
+			HolderSessions: h.cfg.HolderSessions})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -63,7 +67,7 @@ func HolderMain() int {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		lease, err := leasePool.LeaseStore(Config{Pooler: spec.Pooler}.leaseOptions()...)
+		lease, err := leasePool.LeaseStore(Config{Pooler: spec.Pooler, HolderSessions: spec.HolderSessions}.leaseOptions()...)
 		if err != nil {
 			_ = leasePool.Close()
 			return nil, nil, nil, err

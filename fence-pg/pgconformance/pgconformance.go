@@ -20,6 +20,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -68,6 +69,17 @@ type Config struct {
 	// the DSNs must choose a pooler-safe default_query_exec_mode (exec or
 	// simple_protocol).
 	Pooler string
+
+	// HolderSessions runs the suite with fencepg.WithHolderSessions: every
+	// lease store the harness opens, its holder processes' and F16's
+	// replicated deployments' included, hangs all names of one holder and
+	// TTL on one session row, and F2's acquire inside a long transaction
+	// runs that mode's statement. The traits' name then ends in
+	// "/holder-sessions". The mode needs no trait of its own: like etcd's
+	// shared leases it keeps the Lease contract the suite checks (a holder's
+	// names of different TTLs on different sessions, its own live name
+	// refused, a lost acquire's answer undone).
+	HolderSessions bool
 }
 
 // New returns the suite's factory for cfg. Each call of the factory opens
@@ -175,6 +187,9 @@ func (h *harness) Traits() conformance.Traits {
 	}
 	h.declareReplicas(absent) // replicas.go
 	name := "postgres/" + h.cfg.Driver
+	if h.cfg.HolderSessions {
+		name += "/holder-sessions"
+	}
 	if h.cfg.Pooler != "" {
 		name += " behind " + h.cfg.Pooler
 	}
@@ -197,12 +212,16 @@ func (h *harness) OpenLease(ctx context.Context) (leasecore.Lease, error) {
 }
 
 // leaseOptions are the options of every lease store of cfg: behind a
-// transaction pooler, no LISTEN.
+// transaction pooler, no LISTEN; holder sessions when asked for.
 func (cfg Config) leaseOptions() []fencepg.Option {
+	var opts []fencepg.Option
 	if cfg.Pooler != "" {
-		return []fencepg.Option{fencepg.WithoutNotifications()}
+		opts = append(opts, fencepg.WithoutNotifications())
 	}
-	return nil
+	if cfg.HolderSessions {
+		opts = append(opts, fencepg.WithHolderSessions())
+	}
+	return opts
 }
 
 // OpenResource implements conformance.Harness: a fenced resource on a new
@@ -308,11 +327,14 @@ func (h *harness) BeginLongTransaction(ctx context.Context) (conformance.LongTra
 		_ = rollback()
 		return nil, fmt.Errorf("%s: harness is closed", pkg)
 	}
-	return longTx{tx}, nil
+	return longTx{tx, h.cfg.HolderSessions}, nil
 }
 
 // longTx is one open transaction on the lease database.
-type longTx struct{ tx dbx.Tx }
+type longTx struct {
+	tx       dbx.Tx
+	sessions bool // Config.HolderSessions: acquire with that mode's statement
+}
 
 func (l longTx) Now(ctx context.Context) (time.Time, error) { return l.time(ctx, pgsql.Now) }
 
@@ -325,8 +347,12 @@ func (l longTx) time(ctx context.Context, query string) (time.Time, error) {
 }
 
 // Acquire runs fencepg's acquire statement — the same text and the same
-// runner — inside the transaction, where now() is the transaction's start.
+// runner, of the harness's mode — inside the transaction, where now() is
+// the transaction's start.
 func (l longTx) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	if l.sessions {
+		return pgstore.AcquireSession(ctx, l.tx, pgsql.AcquireSession, pkg, name, holder, ttl, fencepg.MinTTL, rand.Int64())
+	}
 	return pgstore.Acquire(ctx, l.tx, pgsql.Acquire, pkg, name, holder, ttl, fencepg.MinTTL)
 }
 

@@ -105,7 +105,8 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	// A harness of the replica set's own: the same driver, pool sizes and
 	// options, migrations and truncation as this one's, on the proxy's
 	// DSNs. No pooler: the pair is reached directly.
-	sub, err := newHarness(ctx, Config{Driver: h.cfg.Driver, LeaseDSN: leaseDSN, ResourceDSN: resDSN})
+	sub, err := newHarness(ctx, Config{Driver: h.cfg.Driver, LeaseDSN: leaseDSN, ResourceDSN: resDSN,
+		HolderSessions: h.cfg.HolderSessions})
 	if err != nil {
 		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
 	}

@@ -2,12 +2,84 @@
 -- States: held (expires_at > now()), expired (expires_at <= now()),
 -- released (expires_at = '-infinity', a special case of expired); no row = free.
 -- token only ever grows: every acquire sets it to token + 1 (I2).
+--
+-- A name acquired by a store with holder sessions (fencepg.WithHolderSessions)
+-- has session_id set, and expires_at = 'infinity': it is held exactly while
+-- its holder's session row (holder_session below) carries that session_id
+-- and has not expired. 'infinity' makes a store without the mode, whose
+-- statements read expires_at only, see such a name as held, never as free
+-- (see WithHolderSessions for mixing modes). acquire_id is the random id of
+-- the acquire that attached the name, so that an acquire whose answer was
+-- lost can be undone without touching a hold the caller does know of.
 CREATE TABLE IF NOT EXISTS leasefence.lease (
   name       text PRIMARY KEY,
   holder     text NOT NULL,
   token      bigint NOT NULL CHECK (token > 0),
-  expires_at timestamptz NOT NULL
+  expires_at timestamptz NOT NULL,
+  session_id uuid,
+  acquire_id bigint
 );
+
+-- A lease table made before holder sessions gets their two columns, both
+-- nullable without a default, so adding them rewrites nothing. Checked in
+-- the catalog first: ALTER TABLE takes an ACCESS EXCLUSIVE lock even when
+-- the column exists, and Migrate runs at every start of every process, so
+-- an unconditional ALTER would queue every lease statement behind it (and
+-- behind whatever it waits for) each time. A foreign table of the same name
+-- (no token column) is left alone: CheckSchema reports it.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'token' AND NOT attisdropped) THEN
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'session_id' AND NOT attisdropped) THEN
+    ALTER TABLE leasefence.lease ADD COLUMN session_id uuid;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'acquire_id' AND NOT attisdropped) THEN
+    ALTER TABLE leasefence.lease ADD COLUMN acquire_id bigint;
+  END IF;
+END
+$$;
+
+-- Holder sessions (fencepg.WithHolderSessions): one row per holder and TTL,
+-- which all of that holder's names with that TTL hang on, so that a renewal
+-- is one UPDATE of this row whatever the number of names. The tokens stay
+-- in lease, per name.
+--
+-- session_id is drawn afresh (gen_random_uuid) whenever the row starts a
+-- new session, that is when an acquire finds it expired: the names of the
+-- expired session point at an id no row carries any more, so they never
+-- come back to life, whatever the holder does next. An acquire that takes
+-- a name from another holder's expired session sets that session's
+-- expires_at to '-infinity' in the same statement, so that a renewal of it
+-- still in flight finds it ended (see pgsql.AcquireSession).
+--
+-- expires_at is the only column a renewal changes and it is not indexed,
+-- so renewals are HOT updates; the fillfactor leaves room on each page for
+-- the new row versions they write. Rows are never deleted by the library;
+-- deleting a row whose expires_at has passed is safe (its names are free
+-- already, and a new session of that holder gets a new session_id).
+CREATE TABLE IF NOT EXISTS leasefence.holder_session (
+  holder     text NOT NULL,
+  ttl_us     bigint NOT NULL CHECK (ttl_us > 0),
+  session_id uuid NOT NULL,
+  expires_at timestamptz NOT NULL,
+  PRIMARY KEY (holder, ttl_us)
+) WITH (fillfactor = 50);
+
+-- The expiry of a holder's session, for the reads of every store (Inspect,
+-- List, WaitFree, TakeOver's report), with or without holder sessions: a
+-- store without the mode needs no privilege on holder_session (its runtime
+-- role has the grants on lease only), so it reads the session through this
+-- function, which runs with its owner's rights. It returns one timestamp
+-- for a (holder, session id) the caller already read from lease, or NULL
+-- when that session is gone; nothing else of holder_session shows. EXECUTE
+-- is PUBLIC's by default, like token_space's. search_path is pinned, as
+-- for every SECURITY DEFINER function, and the table is named with its
+-- schema.
+CREATE OR REPLACE FUNCTION leasefence.holder_session_expiry(for_holder text, for_session uuid) RETURNS timestamptz
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$SELECT s.expires_at FROM leasefence.holder_session s WHERE s.holder = for_holder AND s.session_id = for_session$$;
 
 -- The token space of this lease schema: a random UUID, made once when the
 -- schema is first migrated and never changed, that every grant names

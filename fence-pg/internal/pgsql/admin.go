@@ -12,9 +12,10 @@ const MigrateLock = `SELECT pg_advisory_xact_lock(7810756276994336110)` // the b
 // schema's refuse_token_reset triggers): the administrative path.
 const AllowTokenReset = "leasefence_admin.allow_token_reset"
 
-// TruncateLease empties the lease database (tests only), through the
-// administrative path: a script, for the simple query protocol.
-const TruncateLease = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on; TRUNCATE leasefence.lease; COMMIT`
+// TruncateLease empties the lease database, holder sessions included
+// (tests only), through the administrative path: a script, for the simple
+// query protocol.
+const TruncateLease = `BEGIN; SET LOCAL ` + AllowTokenReset + ` = on; TRUNCATE leasefence.lease, leasefence.holder_session; COMMIT`
 
 // TruncateResource empties the resource database, negative controls'
 // table and the outbox included (tests only), through the administrative

@@ -55,8 +55,13 @@ const DurableCommit = `CASE WHEN current_setting('synchronous_commit') IN ('off'
 // heldBy selects the one holding period a grant names ($1 name, $2 holder,
 // $3 token) if it is unexpired. The token identifies the holding period
 // (tokens are never reused); expires_at > now() refuses a late renew or
-// release; holder guards against a caller mixing up grants.
-const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > now()`
+// release; holder guards against a caller mixing up grants. session_id IS
+// NULL keeps these statements off a name that hangs on a holder session
+// (WithHolderSessions): its expires_at is 'infinity' and means nothing to
+// them; renewing it here would give it an expiry of its own that a store
+// without the mode would later treat as free while the session still
+// holds it. The column is in the row already read: it costs nothing.
+const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > now() AND session_id IS NULL`
 
 // diagnosis ends Renew and Release. A data-modifying WITH clause and the
 // main query run on one snapshot, so the main query sees the lease row as
@@ -64,10 +69,12 @@ const heldBy = `WHERE name = $1 AND holder = $2 AND token = $3 AND expires_at > 
 // says why, without a second round trip. When the update happened, the
 // uncorrelated NOT EXISTS is a one-time filter that skips the lookup and
 // returns no row at all: the common case costs nothing extra. Columns of
-// the one row returned on failure: exists, holder, token, released, held.
+// the one row returned on failure: exists, holder, token, released, held,
+// and whether the lease hangs on a holder session (see heldBy).
 const diagnosis = `
 SELECT l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
-       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
+       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false),
+       coalesce(l.session_id IS NOT NULL, false)
   FROM (SELECT 1) AS one LEFT JOIN leasefence.lease l ON l.name = $1
  WHERE NOT EXISTS (SELECT FROM u)`
 
@@ -117,28 +124,45 @@ const (
 
 // RenewAll renews many holding periods of holder $1 in one statement: $2
 // is a JSON array of {"name", "token", "ttl_us"}. Each lease is judged on
-// its own, by the same rule as Renew (holder, token, expires_at > now()).
-// It returns one row per lease it did NOT renew, with that lease's row as
-// it was before the statement (see diagnosis): columns name, exists,
-// holder, token, released, held. No row back means all were renewed.
+// its own, by the same rule as Renew (holder, token, expires_at > now(),
+// no holder session). It returns one row per lease it did NOT renew, with
+// that lease's row as it was before the statement (see diagnosis): columns
+// name, exists, holder, token, released, held, on a holder session. No row
+// back means all were renewed.
 const RenewAll = `WITH input AS (
   SELECT * FROM json_to_recordset($2::json) AS i(name text, token bigint, ttl_us bigint)
 ), u AS (
   UPDATE leasefence.lease l SET expires_at = now() + input.ttl_us * interval '1 microsecond'
     FROM input
    WHERE l.name = input.name AND l.holder = $1 AND l.token = input.token AND l.expires_at > now()
+     AND l.session_id IS NULL
   RETURNING l.name, ` + DurableCommit + `
 )
 SELECT input.name, l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token, 0),
-       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false)
+       coalesce(l.expires_at = '-infinity', false), coalesce(l.expires_at > now(), false),
+       coalesce(l.session_id IS NOT NULL, false)
   FROM input LEFT JOIN leasefence.lease l ON l.name = input.name
  WHERE input.name NOT IN (SELECT name FROM u)`
 
 // Inspect reads lease $1: holder, token, held, released, and the remaining
 // time in microseconds. The remaining time is computed only for a held
-// lease: subtracting now() from -infinity is an error.
-const Inspect = `SELECT holder, token, expires_at > now(), expires_at = '-infinity',
-       CASE WHEN expires_at > now()
-            THEN (extract(epoch FROM expires_at - now()) * 1000000)::bigint
+// lease: subtracting now() from -infinity is an error (and from the
+// 'infinity' of a name on a holder session, before PostgreSQL 17).
+//
+// It reads names of both modes (the store that reads need not be the one
+// that acquired): a name on a holder session expires when its session
+// does (see Expiry).
+const Inspect = `SELECT l.holder, l.token, e.at > now(), l.session_id IS NULL AND l.expires_at = '-infinity',
+       CASE WHEN e.at > now()
+            THEN (extract(epoch FROM e.at - now()) * 1000000)::bigint
             ELSE 0 END
-  FROM leasefence.lease WHERE name = $1`
+  FROM leasefence.lease l, LATERAL (SELECT ` + Expiry + ` AS at) e WHERE l.name = $1`
+
+// Expiry is when the holding period of lease row l ends, by either mode: its
+// own expires_at, or for a name on a holder session the session's
+// expires_at, '-infinity' when that session is gone (replaced by a newer
+// one of the holder, or deleted). The session is read through
+// holder_session_expiry (schema/lease.sql), so a role without holder
+// sessions needs no privilege on their table. Never 'infinity'.
+const Expiry = `CASE WHEN l.session_id IS NULL THEN l.expires_at
+            ELSE coalesce(leasefence.holder_session_expiry(l.holder, l.session_id), '-infinity') END`

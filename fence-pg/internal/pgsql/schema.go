@@ -27,6 +27,16 @@ var (
 	LeaseColumns = []Column{
 		{"lease", "name", "text"}, {"lease", "holder", "text"}, {"lease", "token", "bigint"},
 		{"lease", "expires_at", "timestamp with time zone"},
+		{"lease", "session_id", "uuid"}, {"lease", "acquire_id", "bigint"},
+	}
+	// SessionColumns are the holder_session table's, which a store with
+	// holder sessions also wants (CheckSchema with LeaseColumns). A store
+	// without the mode does not ask for them: its role need not see the
+	// table (information_schema shows only tables a role has a privilege
+	// on), it reads sessions through holder_session_expiry only.
+	SessionColumns = []Column{
+		{"holder_session", "holder", "text"}, {"holder_session", "ttl_us", "bigint"},
+		{"holder_session", "session_id", "uuid"}, {"holder_session", "expires_at", "timestamp with time zone"},
 	}
 	ResourceColumns = []Column{
 		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"}, {"fence_floor", "token_space", "text"},
@@ -60,7 +70,7 @@ const Triggers = `SELECT coalesce(string_agg(t.tgname::text, ',' ORDER BY t.tgna
 // LeaseFunctions and ResourceFunctions are the functions of each schema
 // file that CheckSchema wants and Preflight checks EXECUTE on.
 var (
-	LeaseFunctions    = []string{"token_space"}
+	LeaseFunctions    = []string{"token_space", "holder_session_expiry"}
 	ResourceFunctions = []string{"fence_reject"}
 )
 

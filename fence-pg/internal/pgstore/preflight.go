@@ -16,11 +16,12 @@ import (
 // TestRuntimeRole runs every operation with): MapError's hint for a 42501
 // and Preflight's check both read them.
 var RuntimeGrants = map[string]string{
-	"lease":         "SELECT, INSERT, UPDATE",
-	"fence_floor":   "SELECT, INSERT, UPDATE",
-	"report_part":   "SELECT, INSERT, UPDATE",
-	"write_attempt": "SELECT, INSERT, DELETE",         // DELETE for PruneAttempts only
-	"outbox":        "SELECT, INSERT, UPDATE, DELETE", // DELETE for Outbox.PruneDelivered only
+	"lease":          "SELECT, INSERT, UPDATE",
+	"holder_session": "SELECT, INSERT, UPDATE", // with fencepg.WithHolderSessions only
+	"fence_floor":    "SELECT, INSERT, UPDATE",
+	"report_part":    "SELECT, INSERT, UPDATE",
+	"write_attempt":  "SELECT, INSERT, DELETE",         // DELETE for PruneAttempts only
+	"outbox":         "SELECT, INSERT, UPDATE, DELETE", // DELETE for Outbox.PruneDelivered only
 }
 
 // Preflight's table lists: the tables each store uses, with the privileges
@@ -28,9 +29,12 @@ var RuntimeGrants = map[string]string{
 // PruneAttempts needs it, and a deployment that never prunes need not
 // grant it (PruneAttempts then fails with the grant in its message).
 var (
-	LeaseTables    = []TablePrivileges{{"lease", "SELECT, INSERT, UPDATE"}}
-	FenceTables    = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"}}
-	ResourceTables = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"},
+	LeaseTables = []TablePrivileges{{"lease", "SELECT, INSERT, UPDATE"}}
+	// SessionLeaseTables: a lease store with holder sessions also
+	// renews, starts and ends session rows.
+	SessionLeaseTables = []TablePrivileges{{"lease", "SELECT, INSERT, UPDATE"}, {"holder_session", "SELECT, INSERT, UPDATE"}}
+	FenceTables        = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"}}
+	ResourceTables     = []TablePrivileges{{"fence_floor", "SELECT, INSERT, UPDATE"}, {"write_attempt", "SELECT, INSERT"},
 		{"report_part", "SELECT, INSERT, UPDATE"}}
 	// OutboxTables: Outbox.Add share-locks the floor row (FOR SHARE needs
 	// UPDATE); DELETE on outbox only for PruneDelivered.

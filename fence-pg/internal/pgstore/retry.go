@@ -33,9 +33,24 @@ const serializationAttempts = 10
 // milliseconds, for the serialization failures of Serializable's
 // predicate locks, which may involve transactions still running.
 func RetrySerialization(ctx context.Context, stmt func() error) error {
+	return retryWhile(ctx, stmt, IsSerializationFailure)
+}
+
+// RetryConflicts is RetrySerialization that also runs stmt again after a
+// deadlock (SQLSTATE 40P01), for the holder-session statements, which lock
+// a lease row and then up to two session rows (see pgsql.AcquireSession):
+// the server aborts one transaction of the deadlock, whose statement did
+// nothing, so running it again is safe.
+func RetryConflicts(ctx context.Context, stmt func() error) error {
+	return retryWhile(ctx, stmt, func(err error) bool { return IsSerializationFailure(err) || isDeadlock(err) })
+}
+
+// retryWhile runs stmt until it succeeds, fails otherwise than retryable
+// says, ctx ends, or serializationAttempts runs are spent.
+func retryWhile(ctx context.Context, stmt func() error, retryable func(error) bool) error {
 	for attempt := 1; ; attempt++ {
 		err := stmt()
-		if err == nil || attempt == serializationAttempts || !IsSerializationFailure(err) || ctx.Err() != nil {
+		if err == nil || attempt == serializationAttempts || !retryable(err) || ctx.Err() != nil {
 			return err
 		}
 		if attempt > 1 {
@@ -52,7 +67,17 @@ func RetrySerialization(ctx context.Context, stmt func() error) error {
 
 // IsSerializationFailure reports whether err is the server's
 // serialization_failure (SQLSTATE 40001), from either driver.
-func IsSerializationFailure(err error) bool {
+func IsSerializationFailure(err error) bool { return sqlState(err) == "40001" }
+
+// isDeadlock reports whether err is the server's deadlock_detected
+// (SQLSTATE 40P01), from either driver.
+func isDeadlock(err error) bool { return sqlState(err) == "40P01" }
+
+// sqlState is the SQLSTATE of the server error in err, "" for none.
+func sqlState(err error) string {
 	var coded interface{ SQLState() string }
-	return errors.As(err, &coded) && coded.SQLState() == "40001"
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
 }
