@@ -30,6 +30,8 @@ import (
 //	<prefix>/floorspace/<scope>                    "<20-digit token> <space>": the token space of
 //	                                               the claim that raised the floor to that token
 //	<prefix>/attempt/<scope>/<20-digit ns>-<8 hex> JSON {writer, token, accepted, floor, at}
+//	<prefix>/moved/<scope>                         JSON {to, floor, space, at}: the seal of a scope
+//	                                               that moved to another cluster (Seal)
 //
 // # Token spaces
 //
@@ -48,6 +50,15 @@ import (
 // claim without a space, or by an earlier version of this package, which
 // writes no floorspace key) says nothing, and the rejection is an ordinary
 // one. The guarded transaction of the accepted path is unchanged.
+//
+// # Moved scopes
+//
+// A scope moved to another cluster (Seal, Install; leasecore.ScopeSeal) is
+// rejected here whatever the token: its floor is leasecore.SealedFloor,
+// above every token, and the key <prefix>/moved/<scope> records where it
+// went. A rejection by the sealed floor reads that key (one more request,
+// on the rejection path only) and comes with a *leasecore.ScopeMovedError
+// naming the destination (errors.Is leasecore.ErrScopeMoved).
 //
 // # Why I3 holds
 //
@@ -336,10 +347,11 @@ func (f *Fence) advance(ctx context.Context, op string, c leasecore.Claim, extra
 }
 
 // rejected is what follows a rejection of c: its log record (logRejection)
-// and the diagnosis of a floor from another token space (spaceError).
+// and the diagnosis (diagnose) of a sealed scope or of a floor from another
+// token space; rec carries the floor that rejected c.
 func (f *Fence) rejected(ctx context.Context, op string, c leasecore.Claim, key string, rec etcdkv.AttemptRecord) error {
 	logErr := f.logRejection(ctx, op, key, rec)
-	return errors.Join(f.spaceError(ctx, op, c), logErr)
+	return errors.Join(f.diagnose(ctx, op, c, leasecore.Token(rec.Floor)), logErr)
 }
 
 // spaceError is the rejection path's diagnosis: when c names its token

@@ -67,7 +67,10 @@
 //	Fence.Commit, first              Txn + Txn (advance) + Txn
 //	Fence.Commit, rejected           Txn + Put (its log record; none with LogNone)
 //	                                 + Txn (the floor's token space; claims with a Space only)
+//	                                 (a scope that moved away: + Txn, its seal record, instead)
 //	Resource.Write, WriteBatch       as Fence.Commit
+//	Fence.Seal                       Txn + Txn (a sealed scope: Txn)
+//	Fence.Install                    Txn
 //	Fence.Attempts, PruneAttempts    Range, DeleteRange
 //
 // For comparison, etcd's concurrency.Mutex on one concurrency.Session

@@ -98,6 +98,7 @@ func TestLayout(t *testing.T) {
 		{l.Part("a", "b/c"), "/p/part/a/b%2Fc"},
 		{l.AttemptPrefix("a"), "/p/attempt/a/"},
 		{l.FloorSpace("a/b"), "/p/floorspace/a%2Fb"},
+		{l.Moved("a/b"), "/p/moved/a%2Fb"},
 		{l.PartToken("s", "p"), "/p/parttoken/s/p"},
 		{l.Published("s", "p"), "/p/published/s/p"},
 	} {
@@ -123,7 +124,7 @@ func TestLayout(t *testing.T) {
 	if got := l.AttemptsAt("s", time.Time{}); got != "/p/attempt/s/00000000000000000000" {
 		t.Errorf("AttemptsAt(zero time) = %q", got)
 	}
-	if got := l.Fenced(); strings.Join(got, " ") != "/p/floor/ /p/floorspace/ /p/attempt/" {
+	if got := l.Fenced(); strings.Join(got, " ") != "/p/floor/ /p/floorspace/ /p/attempt/ /p/moved/" {
 		t.Errorf("Fenced() = %q", got)
 	}
 }

@@ -41,6 +41,7 @@ func NewOptions() Options { return Options{Prefix: DefaultPrefix} }
 //	<prefix>/part/<scope>/<part>           value: PartRecord (JSON)
 //	<prefix>/attempt/<scope>/<20-digit unix ns>-<8 hex>
 //	                                       value: AttemptRecord (JSON)
+//	<prefix>/moved/<scope>                 value: SealRecord (JSON), when the scope moved away
 //	<prefix>/parttoken/<scope>/<part>      value: EncodeToken (etcdcontrol's row fence only)
 //	<prefix>/published/<scope>/<part>      value: PartRecord (etcdcontrol's publisher only)
 //
@@ -131,10 +132,10 @@ func (l Layout) AttemptsAt(scope string, t time.Time) string {
 }
 
 // Fenced are the prefixes of the keys a fence owns, floors, their token
-// spaces and attempt logs: a caller's transaction run under the fence must
-// not write there (fenceetcd.Fence.Commit refuses it).
+// spaces, attempt logs and seal records: a caller's transaction run under
+// the fence must not write there (fenceetcd.Fence.Commit refuses it).
 func (l Layout) Fenced() []string {
-	return []string{l.prefix + "/floor/", l.prefix + "/floorspace/", l.prefix + "/attempt/"}
+	return []string{l.prefix + "/floor/", l.prefix + "/floorspace/", l.prefix + "/attempt/", l.prefix + "/moved/"}
 }
 
 // PartToken is the key of the row-fenced control's per-part token.
