@@ -91,6 +91,8 @@ const (
 	AbilityDelayedNetwork Ability = "delayed network"
 	// AbilityReplicas is Replicas (F16).
 	AbilityReplicas Ability = "replicas"
+	// AbilityScopeMoves is ScopeMoves (F17).
+	AbilityScopeMoves Ability = "scope moves"
 )
 
 // LongTransactions is an optional interface that may be implemented by a

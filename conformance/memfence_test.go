@@ -49,6 +49,7 @@ func (h *memHarness) Traits() conformance.Traits {
 			conformance.AbilityCrashRestart:    "in-memory state does not survive a crash",
 			conformance.AbilityDelayedNetwork:  "an in-memory map has no network to delay",
 			conformance.AbilityReplicas:        "an in-memory map has no replicas",
+			conformance.AbilityScopeMoves:      "an in-memory map has no second server to move a scope to",
 		},
 	}
 }

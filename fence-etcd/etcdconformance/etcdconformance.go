@@ -74,9 +74,11 @@ type Config struct {
 	// replicas.go): at least 3, so that the others keep a quorum when the
 	// leader is killed. 0 declares replicas absent.
 	ReplicaMembers int
-	// ReplicaOptions are passed to etcdtemp.StartCluster, e.g.
-	// etcdtemp.WithArgs("etcd-server") for a program whose subcommand
-	// runs etcdtemp.Serve (a test binary needs none: its TestMain does).
+	// ReplicaOptions are passed to etcdtemp.StartCluster, for F16's
+	// clusters and for the one-member cluster F17 moves a scope to
+	// (moves.go), e.g. etcdtemp.WithArgs("etcd-server") for a program
+	// whose subcommand runs etcdtemp.Serve (a test binary needs none: its
+	// TestMain does).
 	ReplicaOptions []etcdtemp.Option
 }
 
@@ -114,10 +116,12 @@ type harness struct {
 	mu      sync.Mutex
 	clients []*clientv3.Client      // closed by Close
 	stores  []*fenceetcd.LeaseStore // closed by Close, before the clients
-	// clusters are the replicated deployments StartReplicas started,
-	// stopped by Close after the clients.
+	// clusters are the replicated deployments StartReplicas started (and
+	// F17's second cluster, moves.go), stopped by Close after the clients.
 	clusters []*etcdtemp.Cluster
 	closed   bool
+
+	moves moves // F17's second cluster and its mover (moves.go)
 }
 
 var (

@@ -111,6 +111,7 @@ const (
 type harness struct {
 	cfg      Config
 	resAdmin dbx.DB // migrations, truncation and the lock-wait probe
+	moves    moves  // F17's second resource database (moves.go)
 
 	mu      sync.Mutex
 	closers []func() error // run in reverse order by Close

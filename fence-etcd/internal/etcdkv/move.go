@@ -52,3 +52,7 @@ func DecodeSeal(key string, value []byte) (SealRecord, error) {
 	}
 	return r, nil
 }
+
+// PartPrefix is the prefix of every part key of scope, "/" included: what
+// a mover reads to copy a scope's parts.
+func (l Layout) PartPrefix(scope string) string { return l.key("part", scope) + "/" }

@@ -63,6 +63,7 @@ func (h *harness) Traits() conformance.Traits {
 			conformance.AbilityOutbox:           "not wired in this example",
 			conformance.AbilityDelayedNetwork:   "not wired in this example",
 			conformance.AbilityReplicas:         "not wired in this example",
+			conformance.AbilityScopeMoves:       "not wired in this example",
 		},
 	}
 }

@@ -50,3 +50,17 @@ RETURNING coalesce(f.token_space, '')`
 // fence's own check (FenceCheck) with the seal's floor as the token.
 var InstallEmpty = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text FOR SHARE), 0)
  WHERE ` + DurableCommit
+
+// ReadScopeParts returns every part of scope $1 as it is stored (part,
+// content, writer, token, written_at): what the conformance harness's mover
+// reads in the transaction that sealed the scope.
+const ReadScopeParts = `SELECT part, content, writer, token, written_at FROM leasefence.report_part
+ WHERE scope = $1::text ORDER BY part`
+
+// CopyPart stores part $2 of scope $1 as the old location stored it ($3
+// content, $4 writer, $5 token, $6 written_at): the conformance harness's
+// mover writes it after the install's check, in the same transaction.
+const CopyPart = `INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token, written_at)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::bigint, $6::timestamptz)
+ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
+  token = EXCLUDED.token, written_at = EXCLUDED.written_at`
