@@ -28,6 +28,10 @@
 // monotonic time read before the request was sent; compare it only with the
 // same process's clock (see leasecore.Grant.LocalDeadline).
 //
+// By default each lease name has its own expiry, and RenewAll updates one
+// row per name. With WithHolderSessions a holder's names of one TTL hang on
+// one session row instead, which one UPDATE renews (see LeaseStore).
+//
 // Errors wrap leasecore's sentinels: leasecore.ErrInvalidArgument (bad input,
 // nothing sent), leasecore.ErrHeld and leasecore.ErrLost (through a
 // *leasecore.HoldError), leasecore.ErrUnavailable (connection lost, server

@@ -20,6 +20,10 @@ package pgsql
 // The row also carries the schema's token space (token_space(), see
 // schema/lease.sql): an immutable SQL function returning a constant, which
 // the planner inlines and folds, so the grant names its space at no cost.
+//
+// A name on a holder session (AcquireSession) has expires_at 'infinity':
+// this statement sees it as held until it is released, and never takes it
+// from a session, even an expired one (see fencepg.WithHolderSessions).
 const Acquire = `INSERT INTO leasefence.lease AS l (name, holder, token, expires_at)
 SELECT $1::text, $2::text, 1, now() + $3::bigint * interval '1 microsecond' WHERE ` + DurableCommit + `
 ON CONFLICT (name) DO UPDATE

@@ -9,14 +9,29 @@ package pgsql
 // grant, in the same transaction as the grant.
 //
 // Locks. Every statement that changes whether a name is held takes row
-// locks in one order: the lease row first, then session rows. A renewal
+// locks in one order: the lease row first, then session rows, and several
+// session rows in one locking pass ordered by (holder, ttl_us). A renewal
 // locks only its session row (it reads the lease rows it checks without a
 // lock: locking them would write to every one of them, which is what the
-// mode saves); a release locks only the lease row. Two acquires can still
-// deadlock in one case, each taking a name of the other's expired session
-// at the same moment (each then holds the other's session row and waits
-// for its own): the server detects it within deadlock_timeout and aborts
-// one, which did nothing and is run again (pgstore.RetryConflicts).
+// mode saves); a release locks only the lease row. An acquire that takes a
+// name from another holder's expired session changes that session and its
+// own holder's: it locks both in the one ordered pass (AcquireSession's
+// locked), because two holders taking each other's names at the same moment
+// would otherwise each hold the other's session and wait for its own, a
+// deadlock the server breaks only after deadlock_timeout (1 s by default).
+// One deadlock remains possible: RenewAll of a holder's names of two TTLs
+// (two session rows, locked in the order the UPDATE finds them) while the
+// same holder acquires a name that hangs on one of those sessions. The
+// server aborts one of them, which did nothing, and pgstore.RetryConflicts
+// runs it again.
+//
+// Session rows are locked FOR UPDATE, the strongest row lock, not the FOR
+// NO KEY UPDATE an UPDATE of a non-key column would need: the statement
+// goes on to update the rows it locked (ended, and sess's ON CONFLICT DO
+// UPDATE, which locks FOR UPDATE), and a transaction that strengthens its
+// own weaker row lock queues for the row's tuple lock behind the
+// transactions waiting for that very row — waiting for it: a deadlock too.
+// With the strongest lock taken first there is nothing to strengthen.
 
 // AcquireSession takes lease $1 for holder $2 on the holder's session of
 // TTL $3 microseconds, the attaching acquire named by the random id $4. It
@@ -36,10 +51,11 @@ package pgsql
 //     change the row until this one commits.
 //   - A row without session_id is judged as without the mode: free when
 //     its expires_at has passed (released: '-infinity').
-//   - A row on a session is free when that session is over. cur reads and
-//     locks the session row (FOR NO KEY UPDATE, which a renewal's UPDATE
-//     waits for) in its latest version, by (holder, session_id): no row
-//     means the session is gone — replaced by a newer one of the holder
+//   - A row on a session is free when that session is over. locked reads
+//     and locks that session row (FOR UPDATE, which a renewal's UPDATE
+//     waits for) in its latest version, by (holder, session_id), together
+//     with the holder's own session row (see Locks above); cur is the
+//     former: no row means the session is gone — replaced by a newer one of the holder
 //     (a session_id is never drawn twice) or deleted — and a row whose
 //     expires_at has passed means expired. Either way the name is free.
 //   - That conclusion needs the lease row's attachment to be in this
@@ -54,7 +70,7 @@ package pgsql
 //     with another TTL) ended (expires_at = '-infinity') when its name is
 //     taken. A renewal of that session already under way, whose now() was
 //     before the expiry and whose snapshot still shows the name attached,
-//     waits for cur's lock and then re-checks its WHERE on the session
+//     waits for locked's lock and then re-checks its WHERE on the session
 //     row's new version: ended, so it fails. Without this it would extend
 //     the session and report the name renewed while this holder has it.
 //     The session's other names were expired anyway.
@@ -81,11 +97,17 @@ const AcquireSession = `WITH prev AS (
     FROM leasefence.lease WHERE name = $1::text FOR UPDATE
 ), snap AS (
   SELECT token, session_id FROM leasefence.lease WHERE name = $1::text
+), locked AS (
+  SELECT s.holder, s.ttl_us, s.session_id, s.expires_at > now() AS live
+    FROM leasefence.holder_session s
+   WHERE EXISTS (SELECT FROM prev JOIN snap ON snap.token = prev.token AND snap.session_id = prev.session_id)
+     AND ((s.holder = $2::text AND s.ttl_us = $3::bigint)
+          OR (s.holder, s.session_id) = (SELECT holder, session_id FROM prev))
+   ORDER BY s.holder, s.ttl_us
+   FOR UPDATE
 ), cur AS (
-  SELECT s.holder, s.ttl_us, s.expires_at > now() AS live
-    FROM prev JOIN snap ON snap.token = prev.token AND snap.session_id = prev.session_id
-    JOIN leasefence.holder_session s ON s.holder = prev.holder AND s.session_id = prev.session_id
-   FOR NO KEY UPDATE OF s
+  SELECT locked.holder, locked.ttl_us, locked.live
+    FROM locked JOIN prev ON locked.holder = prev.holder AND locked.session_id = prev.session_id
 ), verdict AS (
   SELECT CASE
            WHEN prev.token IS NULL THEN 'free'

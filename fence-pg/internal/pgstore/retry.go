@@ -38,12 +38,16 @@ func RetrySerialization(ctx context.Context, stmt func() error) error {
 
 // RetryConflicts is RetrySerialization that also runs stmt again after a
 // deadlock (SQLSTATE 40P01), for the holder-session statements, which lock
-// a lease row and then up to two session rows (see pgsql.AcquireSession):
-// the server aborts one transaction of the deadlock, whose statement did
-// nothing, so running it again is safe.
+// a lease row and then session rows (see pgsql's Locks): the server aborts
+// one transaction of a deadlock, whose statement did nothing, so running
+// it again is safe.
 func RetryConflicts(ctx context.Context, stmt func() error) error {
-	return retryWhile(ctx, stmt, func(err error) bool { return IsSerializationFailure(err) || isDeadlock(err) })
+	return retryWhile(ctx, stmt, isConflict)
 }
+
+// isConflict reports the failures RetryConflicts runs a statement again
+// after.
+func isConflict(err error) bool { return IsSerializationFailure(err) || isDeadlock(err) }
 
 // retryWhile runs stmt until it succeeds, fails otherwise than retryable
 // says, ctx ends, or serializationAttempts runs are spent.

@@ -66,11 +66,11 @@ func AcquireSession(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder 
 // OutcomeUnknown reports whether a statement that failed with err (already
 // mapped by MapError) may still have taken effect, or may yet: the
 // connection broke or the context ended after it was sent (see the
-// package doc of fencepg), or it is ErrResent. A serialization failure or
-// a deadlock that outlasted the retries did nothing: the server aborted
-// the statement's transaction.
+// package doc of fencepg), or it is ErrResent. A conflict that outlasted
+// the retries (RetryConflicts) did nothing: the server aborted the
+// statement's transaction.
 func OutcomeUnknown(err error) bool {
-	if err == nil || IsSerializationFailure(err) || isDeadlock(err) {
+	if err == nil || isConflict(err) {
 		return false
 	}
 	return errors.Is(err, leasecore.ErrUnavailable) || errors.Is(err, context.Canceled) ||
