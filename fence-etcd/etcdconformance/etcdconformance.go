@@ -3,8 +3,9 @@
 // etcdcontrol's negative controls, the suite's own user data behind a
 // fenceetcd.Fence (F1u, F4u, F4m, F6u, F7u, F10u: keys under <prefix>/user/),
 // holder processes (F4, F5, F4u, F4m), a server crash (F8; on a cluster,
-// CrashLeader), the fenced outbox (fenceetcd.Outbox, F9b) and failover in
-// clusters of its own (F16, Config.ReplicaMembers; replicas.go).
+// CrashLeader), the fenced outbox (fenceetcd.Outbox, F9b), failover in
+// clusters of its own (F16, Config.ReplicaMembers; replicas.go) and a
+// cluster of its own to move scopes to (F17, moves.go).
 //
 //	func TestConformance(t *testing.T) {
 //		srv := etcdtemp.StartTB(t)

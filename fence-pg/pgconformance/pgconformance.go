@@ -1,8 +1,9 @@
 // Package pgconformance provides the PostgreSQL harness for the leasefence
 // conformance suite: fencepg's lease store and fenced resource, pgcontrol's
 // negative controls, a long transaction (F2), a commit gap (F6b) and a
-// lock-wait probe (F6b), holder processes (F4, F5), a server crash (F8) and
-// the fenced outbox (fencepg.Outbox, F9b), on either driver.
+// lock-wait probe (F6b), holder processes (F4, F5), a server crash (F8),
+// the fenced outbox (fencepg.Outbox, F9b) and a second resource database to
+// move scopes to (F17, moves.go), on either driver.
 //
 //	func TestConformance(t *testing.T) {
 //		conformance.Run(t, pgconformance.New(pgconformance.Config{
