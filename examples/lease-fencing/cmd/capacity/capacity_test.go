@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
+)
+
+// TestMain doubles as the run's holder processes and etcd members.
+func TestMain(m *testing.M) {
+	switch {
+	case etcdtemp.IsServeProcess():
+		os.Exit(etcdtemp.Serve())
+	case os.Getenv(workerEnv) != "":
+		os.Exit(holdersMain())
+	}
+	os.Exit(m.Run())
+}
+
+// TestCapacitySmall runs every phase at a tiny scale (8 holders × 10
+// names, TTL 3 s, a 4 s window, two holder processes), so the benchmark
+// cannot rot: every phase must keep all its names, renew, measure both
+// saturations and print its RATIO line. It checks no figure's size.
+func TestCapacitySmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and etcd servers")
+	}
+	var out bytes.Buffer
+	cfg := config{holders: 8, names: 10, procs: 2, conns: 2, ttl: 3 * time.Second, duration: 4 * time.Second,
+		phases: allPhases, satClients: 2, satTime: 300 * time.Millisecond, satRounds: 2,
+		holderArgs: []string{"-test.run=^$"}, etcdArgs: []string{"-test.run=^$"},
+		stdout: &out, progress: io.Discard}
+	if testing.Verbose() {
+		cfg.progress = os.Stderr
+	}
+	if err := cfg.check(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := run(t.Context(), cfg)
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.valid() {
+		t.Fatal("run not valid: names lost or renewals failed")
+	}
+	report := out.String()
+	for _, p := range res.phases {
+		if p.skipped != "" {
+			t.Logf("phase %s not run: %s", p.name, p.skipped)
+			continue
+		}
+		if !regexp.MustCompile(`(?m)^RATIO ` + regexp.QuoteMeta(p.ratioName) + ` [0-9.]+$`).MatchString(report) {
+			t.Errorf("no RATIO line for %s", p.ratioName)
+		}
+		// 8 holders renew every second: a 4 s window sees several rounds.
+		if p.renewOK < 8 || p.renew <= 0 || p.upsert <= 0 {
+			t.Errorf("%s: %d renewals in the window, saturation %.1f renewals/s, %.1f upserts/s", p.name, p.renewOK, p.renew, p.upsert)
+		}
+	}
+	if !strings.Contains(report, "MISSED_LOCAL_DEADLINES 0\n") {
+		t.Error("missed local deadlines, or no MISSED_LOCAL_DEADLINES line")
+	}
+}
+
+func TestConfigCheck(t *testing.T) {
+	base := config{holders: 10, names: 10, procs: 2, conns: 2, ttl: 15 * time.Second, duration: time.Second,
+		phases: allPhases, satClients: 2, satTime: time.Second, satRounds: 1}
+	if err := base.check(); err != nil {
+		t.Fatal(err)
+	}
+	if base.fullScale() {
+		t.Error("10 × 10 is full scale")
+	}
+	for name, mod := range map[string]func(*config){
+		"ttl not whole seconds":   func(c *config) { c.ttl = 1500 * time.Millisecond },
+		"more procs than holders": func(c *config) { c.procs = 11 },
+		"unknown phase":           func(c *config) { c.phases = []string{"mysql"} },
+		"too many names":          func(c *config) { c.names = 1000 },
+	} {
+		c := base
+		mod(&c)
+		if c.check() == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	full := base
+	full.holders, full.names, full.duration = 10000, 100, time.Minute
+	if !full.fullScale() {
+		t.Error("10,000 × 100 for 60 s is not full scale")
+	}
+}
