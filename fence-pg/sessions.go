@@ -86,10 +86,10 @@ func newSessionStatements(in func(string) string) sessionStatements {
 }
 
 // undoTimeout bounds one attempt to undo an acquire whose outcome is
-// unknown. The caller may have given up already (ctx is often why the
-// acquire failed), so the undo does not inherit ctx's cancellation; a
-// server that does not answer within it gets more attempts later (see
-// undoQueue).
+// unknown. The first attempt, right after the acquire failed, does not
+// inherit the acquire's ctx's cancellation (the caller may have given up
+// already: ctx is often why the acquire failed); a server that does not
+// answer within it gets more attempts later (see undoQueue).
 const undoTimeout = 2 * time.Second
 
 // undoGrace is how long an acquire whose outcome is unknown is tried again
@@ -118,17 +118,18 @@ func (s *LeaseStore) acquireSession(ctx context.Context, name, holder string, tt
 	g, err := pgstore.AcquireSession(ctx, s.db, s.sess.acquire, pkg, name, holder, ttl, MinTTL, id)
 	if pgstore.OutcomeUnknown(err) {
 		u := pendingUndo{name: name, holder: holder, id: id, until: time.Now().Add(undoGrace)}
-		if done, _ := s.undo(ctx, u); !done {
+		// Not ctx's cancellation: ctx is often why the acquire failed.
+		if done, _ := s.undo(context.WithoutCancel(ctx), u); !done {
 			s.undos.add(u)
 		}
 	}
 	return g, err
 }
 
-// undo runs one undo of u, bounded by undoTimeout, and reports whether it
-// ended a hold.
+// undo runs one undo of u, bounded by ctx and undoTimeout, and reports
+// whether it ended a hold.
 func (s *LeaseStore) undo(ctx context.Context, u pendingUndo) (bool, error) {
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	uctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
 	n, err := s.db.Exec(uctx, s.sess.undo, u.name, u.holder, u.id)
 	return n > 0, err
@@ -161,7 +162,9 @@ func (q *undoQueue) add(u pendingUndo) {
 }
 
 // retry tries again the pending undos of holder, dropping each that ended
-// a hold or whose grace has passed.
+// a hold or whose grace has passed. It runs under the caller's ctx (a
+// renewal's attempt timeout bounds it too), so a slow undo cannot make the
+// renewal after it late; one not done stays pending.
 func (q *undoQueue) retry(ctx context.Context, s *LeaseStore, holder string) {
 	if q.n.Load() == 0 {
 		return

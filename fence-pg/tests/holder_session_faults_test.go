@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -625,6 +628,141 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := sess.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// cutProxy forwards TCP connections to target on 127.0.0.1 until cut is
+// called. Cut, it closes the client's side of a connection as soon as the
+// server answers on it (the answer is dropped: the statement was carried
+// out, and committed, the server sending nothing before its commit for a
+// statement in autocommit), and it closes every new connection at once,
+// until heal.
+type cutProxy struct {
+	ln       net.Listener
+	target   string
+	mu       sync.Mutex
+	cut      bool
+	wg       sync.WaitGroup
+	accepted []net.Conn
+}
+
+func startCutProxy(t *testing.T, target string) *cutProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{ln: ln, target: target}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		for _, c := range p.accepted {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *cutProxy) setCut(cut bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = cut
+}
+
+func (p *cutProxy) isCut() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cut
+}
+
+func (p *cutProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		if p.isCut() {
+			c.Close()
+			continue
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.accepted = append(p.accepted, c, s)
+		p.mu.Unlock()
+		p.wg.Go(func() { _, _ = io.Copy(s, c); s.Close() })
+		p.wg.Go(func() {
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && p.isCut() {
+					c.Close() // the answer is dropped
+					s.Close()
+					return
+				}
+				if n > 0 {
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					c.Close()
+					return
+				}
+			}
+		})
+	}
+}
+
+// TestHolderSessionUndoRetried: when the undo of an acquire whose answer
+// was lost cannot run at once (the server is unreachable right after), the
+// store keeps it and runs it before the holder's next renewal through the
+// store, which would otherwise extend the session the unknown hold hangs
+// on: after that renewal the name is free.
+func TestHolderSessionUndoRetried(t *testing.T) {
+	f := newSessionFixture(t, pgopen.Pgx)
+	ctx := t.Context()
+	u, err := url.Parse(f.leaseDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := startCutProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	store, err := pgtest.Open(t, pgopen.Pgx, u.String(), 1).LeaseStore(fencepg.WithHolderSessions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, err := store.Acquire(ctx, "keep", "holder-g", 10*time.Second) // also prepares the statement
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.setCut(true)
+	_, err = store.Acquire(ctx, "ghost", "holder-g", 10*time.Second)
+	if !errors.Is(err, leasecore.ErrUnavailable) {
+		t.Fatalf("acquire whose answer was dropped: %v, want ErrUnavailable", err)
+	}
+	if got := f.state(t, "ghost"); got != "held by holder-g token=1" {
+		t.Fatalf("ghost while the server is unreachable: %s, want held (the acquire took effect, the undo could not run yet)", got)
+	}
+	proxy.setCut(false)
+	var renewed leasecore.Grant
+	if err := afterCrash(ctx, func() (err error) { renewed, err = store.Renew(ctx, keep); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.state(t, "ghost"); got != "free token=1 released=true" {
+		t.Fatalf("ghost after holder-g's next renewal: %s, want free (the pending undo ran first)", got)
+	}
+	if got := f.state(t, "keep"); got != "held by holder-g token=1" {
+		t.Fatalf("keep: %s", got)
+	}
+	if err := store.Release(ctx, renewed); err != nil {
 		t.Fatal(err)
 	}
 }
