@@ -108,7 +108,7 @@ const undoGrace = time.Minute
 // was sent), the grant, if it happened, is one the caller never gets, and
 // the holder's renewals of its other names would keep it held for ever:
 // it is undone at once, by its acquire id, and again later if that fails
-// (undoQueue).
+// (undoQueue). Such a failed acquire thus returns up to undoTimeout later.
 func (s *LeaseStore) acquireSession(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
 		return leasecore.Grant{}, err

@@ -66,6 +66,38 @@ func TestConformanceHolderSessions(t *testing.T) {
 	})
 }
 
+// TestConformanceHolderSessionsSerializable runs the cases where
+// concurrent statements meet (F3's 16 racing acquirers, F11's campaigners,
+// X2) and F1, F2 with holder sessions on a cluster whose
+// default_transaction_isolation is serializable, as
+// TestConformanceSerializableDefault does without the mode: the
+// holder-session statements lock a lease row and session rows that other
+// transactions may have changed after the statement's snapshot, which
+// Serializable reports as a serialization failure where Read Committed
+// re-checks the row; the store must run the statement again
+// (pgstore.RetryConflicts) and reach the same verdicts.
+func TestConformanceHolderSessionsSerializable(t *testing.T) {
+	cluster := pgtemp.StartTB(t, pgtemp.WithSetting("default_transaction_isolation", "serializable"))
+	for _, db := range []string{"lease_sess_ser", "res_sess_ser"} {
+		if err := cluster.CreateDatabase(t.Context(), db); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sum, err := conformance.Report(t.Context(), lineLog{t}, pgconformance.New(pgconformance.Config{
+		Driver:         pgconformance.DriverPgx,
+		LeaseDSN:       cluster.DSN("lease_sess_ser"),
+		ResourceDSN:    cluster.DSN("res_sess_ser"),
+		HolderArgs:     []string{"-test.run=^$"},
+		HolderSessions: true,
+	}), conformance.ReportOptions{Cases: []string{"F1", "F2", "F3", "F11", "X2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Failed > 0 || sum.Passed == 0 {
+		t.Fatalf("holder sessions at serializable: passed=%d failed=%d", sum.Passed, sum.Failed)
+	}
+}
+
 // lineLog writes the suite's report to the test log, a line at a time.
 type lineLog struct{ t *testing.T }
 

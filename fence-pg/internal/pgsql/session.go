@@ -19,7 +19,10 @@ package pgsql
 // locked), because two holders taking each other's names at the same moment
 // would otherwise each hold the other's session and wait for its own, a
 // deadlock the server breaks only after deadlock_timeout (1 s by default).
-// One deadlock remains possible: RenewAll of a holder's names of two TTLs
+// It takes both locks whenever the name hangs on a session, before it
+// knows whether that session is over, so a refused acquire of such a name
+// also holds, for its one statement, the holder's own session row, which
+// the holder's renewals then wait for. One deadlock remains possible: RenewAll of a holder's names of two TTLs
 // (two session rows, locked in the order the UPDATE finds them) while the
 // same holder acquires a name that hangs on one of those sessions. The
 // server aborts one of them, which did nothing, and pgstore.RetryConflicts
