@@ -32,7 +32,7 @@ func TestCapacitySmall(t *testing.T) {
 		t.Skip("starts PostgreSQL and etcd servers")
 	}
 	var out bytes.Buffer
-	cfg := config{holders: 8, names: 10, procs: 2, conns: 2, ttl: 3 * time.Second, duration: 4 * time.Second,
+	cfg := config{holders: 8, names: 10, procs: 2, conns: 2, ttl: 3 * time.Second, duration: 4 * time.Second, setupTimeout: time.Minute,
 		phases: allPhases, satClients: 2, satTime: 300 * time.Millisecond, satRounds: 2,
 		holderArgs: []string{"-test.run=^$"}, etcdArgs: []string{"-test.run=^$"},
 		stdout: &out, progress: io.Discard}
@@ -70,7 +70,7 @@ func TestCapacitySmall(t *testing.T) {
 }
 
 func TestConfigCheck(t *testing.T) {
-	base := config{holders: 10, names: 10, procs: 2, conns: 2, ttl: 15 * time.Second, duration: time.Second,
+	base := config{holders: 10, names: 10, procs: 2, conns: 2, ttl: 15 * time.Second, duration: time.Second, setupTimeout: time.Minute,
 		phases: allPhases, satClients: 2, satTime: time.Second, satRounds: 1}
 	if err := base.check(); err != nil {
 		t.Fatal(err)

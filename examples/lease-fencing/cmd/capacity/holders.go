@@ -25,6 +25,9 @@ type workerConfig struct {
 	Names        int
 	TTL          time.Duration
 	Conns        int
+	// SetupTimeout bounds the setup: acquires still to do after it fail
+	// (counted as acquire errors) and the process reports ready.
+	SetupTimeout time.Duration
 }
 
 // workerMsg is a line a holder process writes to its stdout: "ready"
@@ -145,6 +148,8 @@ func holdersMain() int {
 	// Setup: acquirers take holders from a queue; each holder's names are
 	// acquired one after the other through its set.
 	start := time.Now()
+	setupCtx, cancelSetup := context.WithTimeout(ctx, wc.SetupTimeout)
+	defer cancelSetup()
 	sets := make([]*leasecore.SessionSet, wc.Count)
 	var acquired, acqErrs, retries atomic.Int64
 	var firstErr atomic.Value
@@ -168,7 +173,7 @@ func holdersMain() int {
 				}
 				sets[i] = set
 				for n := range wc.Names {
-					r, err := acquireRetry(ctx, set, leaseName(h, n))
+					r, err := acquireRetry(setupCtx, set, leaseName(h, n))
 					retries.Add(int64(r))
 					if err != nil {
 						acqErrs.Add(1)

@@ -49,7 +49,7 @@
 //
 //	capacity [-holders 10000] [-names 100] [-ttl 15s] [-duration 60s] [-procs 4]
 //	         [-conns 16] [-phases pg-per-lease,pg-sessions,etcd-1,etcd-3]
-//	         [-sat-clients 16] [-sat-time 5s] [-sat-rounds 3] [-out evidence/capacity]
+//	         [-sat-clients 16] [-sat-time 5s] [-sat-rounds 3] [-setup-timeout 10m] [-out evidence/capacity]
 //	capacity holders     (internal: a holder process)
 //	capacity etcd-server (internal: an etcd member, etcdtemp)
 package main
@@ -85,6 +85,7 @@ func main() {
 	flag.IntVar(&cfg.names, "names", 100, "names (leases) per holder")
 	flag.DurationVar(&cfg.ttl, "ttl", 15*time.Second, "lease TTL; the sets renew every TTL/3")
 	flag.DurationVar(&cfg.duration, "duration", 60*time.Second, "measured renewal window, after every lease is acquired")
+	flag.DurationVar(&cfg.setupTimeout, "setup-timeout", 10*time.Minute, "per phase: acquires not done by then fail (an INVALID phase) and the phase goes on")
 	flag.IntVar(&cfg.procs, "procs", 4, "holder processes")
 	flag.IntVar(&cfg.conns, "conns", 16, "connections per holder process (PostgreSQL: pool size; etcd: clients)")
 	phases := flag.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated, in this order")

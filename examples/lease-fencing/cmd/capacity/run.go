@@ -20,7 +20,7 @@ var allPhases = []string{"pg-per-lease", "pg-sessions", "etcd-1", "etcd-3"}
 
 type config struct {
 	holders, names, procs, conns int
-	ttl, duration                time.Duration
+	ttl, duration, setupTimeout  time.Duration
 	phases                       []string
 	satClients, satRounds        int
 	satTime                      time.Duration
@@ -44,8 +44,8 @@ func (c *config) check() error {
 		return errors.New("-conns, -sat-clients and -sat-rounds must be at least 1")
 	case c.ttl%time.Second != 0 || c.ttl < 3*time.Second:
 		return fmt.Errorf("-ttl %v: want whole seconds, at least 3s (etcd lease TTLs are whole seconds)", c.ttl)
-	case c.duration <= 0 || c.satTime <= 0:
-		return errors.New("-duration and -sat-time must be positive")
+	case c.duration <= 0 || c.satTime <= 0 || c.setupTimeout <= 0:
+		return errors.New("-duration, -sat-time and -setup-timeout must be positive")
 	}
 	for _, p := range c.phases {
 		if !slices.Contains(allPhases, p) {
@@ -136,6 +136,8 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 		cfg.names, cfg.satClients, cfg.satRounds, cfg.satTime)
 	fmt.Fprintf(w, "# phase's server after its holders are gone; R = renewals/s achieved. A renewal costs C = U/S upserts of capacity;\n")
 	fmt.Fprintf(w, "# renewal_load = R×C upsert-equivalents/s; RATIO renewal_load/upsert_capacity = R×C/U = R/S\n")
+	fmt.Fprintf(w, "# valid: no phase lost a name (local deadline or server), no acquire or renewal failed; pg-per-lease is the\n")
+	fmt.Fprintf(w, "# reference (today's design): its losses are reported (MISSED_LOCAL_DEADLINES_PER_LEASE) but do not fail the run\n")
 	if !cfg.fullScale() {
 		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of issue 17\n")
 	}
@@ -286,7 +288,8 @@ func runHolders(ctx context.Context, cfg config, bc backendConfig, pids []int, p
 		if i < extra {
 			n++
 		}
-		wc := workerConfig{backendConfig: bc, First: first, Count: n, Names: cfg.names, TTL: cfg.ttl, Conns: cfg.conns}
+		wc := workerConfig{backendConfig: bc, First: first, Count: n, Names: cfg.names, TTL: cfg.ttl, Conns: cfg.conns,
+			SetupTimeout: cfg.setupTimeout}
 		first += n
 		raw, err := json.Marshal(wc)
 		if err != nil {
@@ -417,7 +420,7 @@ func (p *phaseResult) print(w io.Writer, cfg config) {
 			p.windowCores, 1000*p.windowCores/p.rate, p.upsertCores)
 		fmt.Fprintf(w, "  for upserts (%.3f ms each), %.2f cores for renewals (%.2f ms each); window cores / upsert-saturation cores = %.3f\n",
 			1000*p.upsertCores/p.upsert, p.renewCores, 1000*p.renewCores/p.renew, p.windowCores/p.upsertCores)
-		fmt.Fprintf(w, "  with no client right after the holders %.2f cores (the server's background work: autovacuum, checkpoints)\n", p.idleCores)
+		fmt.Fprintf(w, "  with no client right after the holders %.2f cores (the server's own background work)\n", p.idleCores)
 	}
 	if !p.valid() {
 		note := ""
