@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,17 +16,25 @@ const clockTick = 10 * time.Millisecond
 // serverCPU returns the CPU time (user + system) the server processes have
 // used so far: the roots, every descendant alive now, and the children the
 // roots have reaped (cutime, cstime: PostgreSQL backends of closed
-// connections). Zero when /proc is not there; a cross-check, not a figure
-// any ratio rests on.
+// connections). Negative when /proc cannot be read; a cross-check, not a
+// figure any ratio rests on (see cores).
 func serverCPU(roots []int) time.Duration {
 	if len(roots) == 0 {
 		return 0
 	}
 	type proc struct{ ppid, ticks, reaped int64 }
 	procs := map[int]proc{}
-	entries, err := os.ReadDir("/proc")
+	// Reading /proc can fail part way when a process goes away under the
+	// cursor (ENOENT from getdents): read it again.
+	var entries []os.DirEntry
+	var err error
+	for range 5 {
+		if entries, err = os.ReadDir("/proc"); err == nil {
+			break
+		}
+	}
 	if err != nil {
-		return 0
+		return -1
 	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -99,4 +108,13 @@ func postmasterPID(dataDir string) int {
 	line, _, _ := strings.Cut(string(b), "\n")
 	pid, _ := strconv.Atoi(strings.TrimSpace(line))
 	return pid
+}
+
+// cores returns the CPU seconds per second between two serverCPU readings
+// over elapsed; NaN when either reading failed.
+func cores(before, after time.Duration, elapsed time.Duration) float64 {
+	if before < 0 || after < 0 || elapsed <= 0 {
+		return math.NaN()
+	}
+	return (after - before).Seconds() / elapsed.Seconds()
 }

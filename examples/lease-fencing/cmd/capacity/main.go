@@ -36,7 +36,10 @@
 //
 // the share of the server's write capacity the renewals occupy. R/U (as if
 // a renewal cost one upsert) is printed beside it: it understates the
-// per-lease load by the factor C. Each phase also prints the server
+// per-lease load by the factor C. Renew of one name (with holder sessions
+// and shared leases it extends every name of the holder, unchecked) is
+// measured in the same rounds, and the ratio a renewal of that cost would
+// give is printed beside. Each phase also prints the server
 // processes' CPU (/proc) in the window, at saturation and idle, as a
 // cross-check.
 //

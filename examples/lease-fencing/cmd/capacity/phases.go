@@ -100,22 +100,22 @@ func (p *pgPhase) backend() backendConfig {
 	return backendConfig{Backend: "pg", DSN: p.dsn, Sessions: p.sessions}
 }
 
-func (p *pgPhase) saturate(ctx context.Context, cfg config, say func(string, ...any)) (ups, rens []measured, err error) {
+func (p *pgPhase) saturate(ctx context.Context, cfg config, say func(string, ...any)) (satResult, error) {
 	pool, err := openPool(ctx, p.dsn, cfg.satClients)
 	if err != nil {
-		return nil, nil, err
+		return satResult{}, err
 	}
 	defer pool.Close()
 	upsert := func(ctx context.Context, _ int) error {
 		_, err := pool.Exec(ctx, plainUpsert, fmt.Sprintf("scope-%d", rand.IntN(p.rows)), "summary", content, "capacity", 1)
 		return err
 	}
-	renew, closeRenew, err := satRenewals(ctx, cfg, p.backend())
+	renew, renewOne, closeRenew, err := satRenewals(ctx, cfg, p.backend())
 	if err != nil {
-		return nil, nil, err
+		return satResult{}, err
 	}
 	defer closeRenew()
-	return alternate(ctx, cfg, say, p.pids(), upsert, renew)
+	return alternate(ctx, cfg, say, p.pids(), upsert, renew, renewOne)
 }
 
 func (p *pgPhase) pids() []int {
@@ -174,22 +174,22 @@ func (p *etcdPhase) backend() backendConfig {
 	return backendConfig{Backend: "etcd", Endpoints: p.endpoints}
 }
 
-func (p *etcdPhase) saturate(ctx context.Context, cfg config, say func(string, ...any)) (ups, rens []measured, err error) {
+func (p *etcdPhase) saturate(ctx context.Context, cfg config, say func(string, ...any)) (satResult, error) {
 	clis, closeClis, err := dialEtcd(ctx, p.endpoints, max(1, cfg.satClients/4))
 	if err != nil {
-		return nil, nil, err
+		return satResult{}, err
 	}
 	defer closeClis()
 	put := func(ctx context.Context, c int) error {
 		_, err := clis[c%len(clis)].Put(ctx, fmt.Sprintf("/capacity-put/%07d", rand.IntN(p.keys)), content)
 		return err
 	}
-	renew, closeRenew, err := satRenewals(ctx, cfg, p.backend())
+	renew, renewOne, closeRenew, err := satRenewals(ctx, cfg, p.backend())
 	if err != nil {
-		return nil, nil, err
+		return satResult{}, err
 	}
 	defer closeRenew()
-	return alternate(ctx, cfg, say, p.pids(), put, renew)
+	return alternate(ctx, cfg, say, p.pids(), put, renew, renewOne)
 }
 
 func (p *etcdPhase) pids() []int {
@@ -212,11 +212,14 @@ func (p *etcdPhase) close() error {
 
 // satRenewals acquires cfg.names names for each of cfg.satClients holders
 // of their own, through stores opened as the holder processes open theirs,
-// and returns client c's renewal: RenewAll of its holder's grants.
-func satRenewals(ctx context.Context, cfg config, bc backendConfig) (func(context.Context, int) error, func(), error) {
+// and returns client c's renewal, RenewAll of its holder's grants, and
+// renewOne, Renew of its holder's first name only (with holder sessions or
+// shared leases it extends every name of the holder; per lease, that name
+// alone).
+func satRenewals(ctx context.Context, cfg config, bc backendConfig) (renew, renewOne func(context.Context, int) error, close func(), err error) {
 	stores, closeStores, err := openStores(ctx, bc, cfg.satClients)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	grants := make([][]leasecore.Grant, cfg.satClients)
 	for c := range cfg.satClients {
@@ -225,12 +228,12 @@ func satRenewals(ctx context.Context, cfg config, bc backendConfig) (func(contex
 			g, err := store.Acquire(ctx, satLeaseName(c, n), satHolderName(c), satTTL)
 			if err != nil {
 				closeStores()
-				return nil, nil, err
+				return nil, nil, nil, err
 			}
 			grants[c] = append(grants[c], g)
 		}
 	}
-	renew := func(ctx context.Context, c int) error {
+	renew = func(ctx context.Context, c int) error {
 		renewed, lost, err := stores[c%len(stores)].RenewAll(ctx, grants[c])
 		if err == nil {
 			err = errors.Join(lost...)
@@ -240,43 +243,50 @@ func satRenewals(ctx context.Context, cfg config, bc backendConfig) (func(contex
 		}
 		return err
 	}
-	return renew, closeStores, nil
+	renewOne = func(ctx context.Context, c int) error {
+		g, err := stores[c%len(stores)].Renew(ctx, grants[c][0])
+		if err == nil {
+			grants[c][0] = g
+		}
+		return err
+	}
+	return renew, renewOne, closeStores, nil
 }
 
 // measured is one saturation measurement: operations per second, and the
 // server's CPU meanwhile (cores: CPU seconds per second).
 type measured struct{ rate, cores float64 }
 
-// alternate measures the two operations at saturation, cfg.satRounds
-// rounds of each, alternating (upserts first in even rounds, renewals
-// first in odd ones), and returns each one's rate per round, with the CPU
-// the server processes pids used.
-func alternate(ctx context.Context, cfg config, say func(string, ...any), pids []int, upsert, renew func(context.Context, int) error) (ups, rens []measured, err error) {
+// satResult is a phase's saturation measurements, one per round each.
+type satResult struct {
+	upserts, renews, ones []measured
+}
+
+// alternate measures the operations at saturation (the plain upsert or
+// Put, the holders' RenewAll, Renew of one name), cfg.satRounds rounds of
+// each, the order rotating from round to round, and returns each one's
+// rate per round, with the CPU the server processes pids used.
+func alternate(ctx context.Context, cfg config, say func(string, ...any), pids []int, upsert, renew, renewOne func(context.Context, int) error) (satResult, error) {
+	var res satResult
+	ops := []struct {
+		name string
+		op   func(context.Context, int) error
+		out  *[]measured
+	}{{"upserts", upsert, &res.upserts}, {"renewals", renew, &res.renews}, {"renewals of one name", renewOne, &res.ones}}
 	for r := range cfg.satRounds {
-		order := []int{0, 1}
-		if r%2 == 1 {
-			order = []int{1, 0}
-		}
-		for _, k := range order {
-			op, name := upsert, "upserts"
-			if k == 1 {
-				op, name = renew, "renewals"
-			}
+		for k := range ops {
+			o := ops[(k+r)%len(ops)]
 			cpu0, t0 := serverCPU(pids), time.Now()
-			rate, err := saturate(ctx, cfg.satClients, cfg.satTime, op)
+			rate, err := saturate(ctx, cfg.satClients, cfg.satTime, o.op)
 			if err != nil {
-				return nil, nil, fmt.Errorf("saturation, %s: %w", name, err)
+				return res, fmt.Errorf("saturation, %s: %w", o.name, err)
 			}
-			m := measured{rate: rate, cores: (serverCPU(pids) - cpu0).Seconds() / time.Since(t0).Seconds()}
-			say("saturation round %d/%d: %s %.1f/s, server CPU %.2f cores", r+1, cfg.satRounds, name, rate, m.cores)
-			if k == 0 {
-				ups = append(ups, m)
-			} else {
-				rens = append(rens, m)
-			}
+			m := measured{rate: rate, cores: cores(cpu0, serverCPU(pids), time.Since(t0))}
+			say("saturation round %d/%d: %s %.1f/s, server CPU %.2f cores", r+1, cfg.satRounds, o.name, rate, m.cores)
+			*o.out = append(*o.out, m)
 		}
 	}
-	return ups, rens, nil
+	return res, nil
 }
 
 // saturate runs op back to back on clients goroutines for d and returns

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -78,7 +79,8 @@ type phaseResult struct {
 	acquired, acqErr, retries                 int
 	held, missing, lostDL, lostSrv, lostOther int
 	upsert, renew                             float64 // saturated rates (medians)
-	upserts, renews                           []measured
+	upserts, renews, ones                     []measured
+	one                                       float64 // Renew of one name at saturation (median)
 	// Server CPU (cores) in the window and at saturation (medians).
 	windowCores, upsertCores, renewCores float64
 	idleCores                            float64 // right after the holders, no client
@@ -203,7 +205,7 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 type phase interface {
 	describe() string
 	backend() backendConfig
-	saturate(ctx context.Context, cfg config, say func(string, ...any)) (upserts, renews []measured, err error)
+	saturate(ctx context.Context, cfg config, say func(string, ...any)) (satResult, error)
 	// pids are the server's processes, for the CPU cross-check.
 	pids() []int
 	close() error
@@ -252,11 +254,14 @@ func runPhase(ctx context.Context, cfg config, name string, say func(string, ...
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	p.idleCores = (serverCPU(ph.pids()) - cpu0).Seconds() / time.Since(t0).Seconds()
+	p.idleCores = cores(cpu0, serverCPU(ph.pids()), time.Since(t0))
 	say("%s: holders done; measuring the server's capacity", name)
-	if p.upserts, p.renews, err = ph.saturate(ctx, cfg, say); err != nil {
+	sat, err := ph.saturate(ctx, cfg, say)
+	if err != nil {
 		return nil, err
 	}
+	p.upserts, p.renews, p.ones = sat.upserts, sat.renews, sat.ones
+	p.one = median(field(p.ones, rateOf))
 	p.upsert, p.renew = median(field(p.upserts, rateOf)), median(field(p.renews, rateOf))
 	p.upsertCores, p.renewCores = median(field(p.upserts, coresOf)), median(field(p.renews, coresOf))
 	return p, nil
@@ -351,7 +356,7 @@ func runHolders(ctx context.Context, cfg config, bc backendConfig, pids []int, p
 			return err
 		}
 	}
-	p.windowCores = (serverCPU(pids) - cpu0).Seconds() / time.Since(t0).Seconds()
+	p.windowCores = cores(cpu0, serverCPU(pids), time.Since(t0))
 	var lat []int64
 	for _, pr := range procs {
 		m, err := read(pr, "result")
@@ -415,7 +420,14 @@ func (p *phaseResult) print(w io.Writer, cfg config) {
 	if p.rate < 0.98*need {
 		fmt.Fprintf(w, "renewals FELL BEHIND: %.1f/s achieved of %.1f/s needed\n", p.rate, need)
 	}
-	if p.upsertCores > 0 {
+	if p.reference {
+		fmt.Fprintf(w, "Renew of one name: %.0f/s %s (per lease it renews that name only)\n", p.one, rates(field(p.ones, rateOf)))
+	} else {
+		fmt.Fprintf(w, "Renew of one name: %.0f/s %s; in this mode it extends every name of the holder, without checking\n",
+			p.one, rates(field(p.ones, rateOf)))
+		fmt.Fprintf(w, "  each: renewals at that cost would make the ratio R/X = %.3f (at the rate needed %.3f)\n", p.rate/p.one, need/p.one)
+	}
+	if !math.IsNaN(p.windowCores + p.upsertCores + p.renewCores + p.idleCores) {
 		fmt.Fprintf(w, "server CPU (cross-check, /proc): %.2f cores in the renewal window (%.2f ms per renewal); at saturation %.2f cores\n",
 			p.windowCores, 1000*p.windowCores/p.rate, p.upsertCores)
 		fmt.Fprintf(w, "  for upserts (%.3f ms each), %.2f cores for renewals (%.2f ms each); window cores / upsert-saturation cores = %.3f\n",
