@@ -17,7 +17,7 @@ type NewHarness func(ctx context.Context) (Harness, error)
 // only some backends have are optional interfaces, found by type assertion
 // (LongTransactions, CommitGapResources, LockWaitProbe, NegativeControls,
 // HolderProcesses, CrashRestarter, UserDataResources, AmbiguousOutcomes,
-// OutboxResources, DelayedNetwork, Replicas). A
+// OutboxResources, DelayedNetwork, Replicas, ScopeMoves). A
 // backend that deliberately lacks one declares it in Traits.Absent; a case
 // that needs an ability the harness neither implements nor declares absent
 // fails, so nothing passes by being forgotten. (An ability listed in

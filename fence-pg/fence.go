@@ -124,6 +124,7 @@ type config struct {
 	idleInTxTimeout time.Duration
 	noNotify        bool                       // WithoutNotifications
 	observe         func(leasecore.FenceEvent) // WithFenceObserver, WithLogger
+	holderSessions  bool                       // WithHolderSessions (lease stores only)
 }
 
 func newConfig(op string, opts []Option) (config, error) {

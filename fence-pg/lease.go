@@ -138,7 +138,7 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: holderSessionsIn(opts)}
+	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: cfg.holderSessions}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,27 +45,8 @@ import (
 //
 // The runtime role needs SELECT, INSERT and UPDATE on holder_session too
 // (Preflight names the grant; see LeaseDDL).
-func WithHolderSessions() Option { return holderSessionsOption }
-
-// holderSessionsOption is the Option WithHolderSessions returns. The option
-// concerns lease stores only, and the options' config struct lives with
-// the fence's options (fence.go); newLeaseStore finds this option among
-// its arguments by identity (holderSessionsIn) instead of a config field,
-// so the fence's constructors, which apply every option to their config,
-// see a no-op.
-func holderSessionsOption(*config) {}
-
-// holderSessionsIn reports whether opts include WithHolderSessions: an
-// Option is a func, which Go compares only with nil, so its code pointer
-// identifies it (holderSessionsOption is a top-level function, one value).
-func holderSessionsIn(opts []Option) bool {
-	want := reflect.ValueOf(holderSessionsOption).Pointer()
-	for _, o := range opts {
-		if o != nil && reflect.ValueOf(o).Pointer() == want {
-			return true
-		}
-	}
-	return false
+func WithHolderSessions() Option {
+	return func(c *config) { c.holderSessions = true }
 }
 
 // HolderSessions reports whether the store was made WithHolderSessions.
