@@ -48,7 +48,7 @@ func TestCapacitySmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !res.valid() {
-		t.Fatal("run not valid: names lost or renewals failed")
+		t.Fatal("run not valid: names lost or acquires failed")
 	}
 	report := out.String()
 	for _, p := range res.phases {

@@ -111,9 +111,11 @@ func postmasterPID(dataDir string) int {
 }
 
 // cores returns the CPU seconds per second between two serverCPU readings
-// over elapsed; NaN when either reading failed.
+// over elapsed; NaN when either reading failed or they went backwards.
 func cores(before, after time.Duration, elapsed time.Duration) float64 {
-	if before < 0 || after < 0 || elapsed <= 0 {
+	// A reading that went backwards (seen now and then in a PostgreSQL
+	// phase's window, cause not found) is no reading either.
+	if before < 0 || after < before || elapsed <= 0 {
 		return math.NaN()
 	}
 	return (after - before).Seconds() / elapsed.Seconds()

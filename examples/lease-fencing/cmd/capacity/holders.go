@@ -152,6 +152,7 @@ func holdersMain() int {
 	defer cancelSetup()
 	sets := make([]*leasecore.SessionSet, wc.Count)
 	var acquired, acqErrs, retries atomic.Int64
+	var lostDL, lostSrv, lostOther atomic.Int64
 	var firstErr atomic.Value
 	acquirers := 2 * wc.Conns
 	if wc.Backend == "etcd" {
@@ -172,6 +173,20 @@ func holdersMain() int {
 					continue
 				}
 				sets[i] = set
+				// Every loss is counted as it happens: Lost is buffered (64)
+				// and drops reports beyond that.
+				go func() {
+					for l := range set.Lost() {
+						switch {
+						case errors.Is(l.Err, leasecore.ErrLocalDeadline):
+							lostDL.Add(1)
+						case errors.Is(l.Err, leasecore.ErrLost):
+							lostSrv.Add(1)
+						default:
+							lostOther.Add(1)
+						}
+					}
+				}()
 				for n := range wc.Names {
 					r, err := acquireRetry(setupCtx, set, leaseName(h, n))
 					retries.Add(int64(r))
@@ -218,23 +233,9 @@ func holdersMain() int {
 			continue
 		}
 		res.Held += len(set.Names())
-	drain:
-		for {
-			select {
-			case l := <-set.Lost():
-				switch {
-				case errors.Is(l.Err, leasecore.ErrLocalDeadline):
-					res.LostDeadline++
-				case errors.Is(l.Err, leasecore.ErrLost):
-					res.LostServer++
-				default:
-					res.LostOther++
-				}
-			default:
-				break drain
-			}
-		}
 	}
+	time.Sleep(50 * time.Millisecond) // the counting goroutines catch up with the last reports
+	res.LostDeadline, res.LostServer, res.LostOther = int(lostDL.Load()), int(lostSrv.Load()), int(lostOther.Load())
 	res.Missing = wc.Count*wc.Names - res.Held
 	rec.mu.Lock()
 	res.WindowSeconds = rec.end.Sub(rec.start).Seconds()

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -90,7 +91,9 @@ type phaseResult struct {
 func (p *phaseResult) ratio() float64 { return p.rate / p.renew }
 
 func (p *phaseResult) valid() bool {
-	return p.skipped != "" || (p.missing == 0 && p.acqErr == 0 && p.failedTotal == 0 && p.renewOK > 0)
+	// A failed renewal attempt that the next one made good loses nothing:
+	// it is printed, but only lost names and failed acquires fail a phase.
+	return p.skipped != "" || (p.missing == 0 && p.acqErr == 0 && p.renewOK > 0)
 }
 
 type runResult struct{ phases []*phaseResult }
@@ -138,7 +141,7 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 		cfg.names, cfg.satClients, cfg.satRounds, cfg.satTime)
 	fmt.Fprintf(w, "# phase's server after its holders are gone; R = renewals/s achieved. A renewal costs C = U/S upserts of capacity;\n")
 	fmt.Fprintf(w, "# renewal_load = R×C upsert-equivalents/s; RATIO renewal_load/upsert_capacity = R×C/U = R/S\n")
-	fmt.Fprintf(w, "# valid: no phase lost a name (local deadline or server), no acquire or renewal failed; pg-per-lease is the\n")
+	fmt.Fprintf(w, "# valid: no phase lost a name (local deadline or server) or failed an acquire; pg-per-lease is the\n")
 	fmt.Fprintf(w, "# reference (today's design): its losses are reported (MISSED_LOCAL_DEADLINES_PER_LEASE) but do not fail the run\n")
 	if !cfg.fullScale() {
 		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of issue 17\n")
@@ -175,7 +178,7 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	}
 	valid := "valid"
 	if !res.valid() {
-		valid = "INVALID: names were lost, acquires failed or renewals failed (see the phases above)"
+		valid = "INVALID: names were lost or acquires failed (see the phases above)"
 	}
 	for _, p := range res.phases {
 		if p.reference && !p.valid() {
@@ -427,20 +430,27 @@ func (p *phaseResult) print(w io.Writer, cfg config) {
 			p.one, rates(field(p.ones, rateOf)))
 		fmt.Fprintf(w, "  each: renewals at that cost would make the ratio R/X = %.3f (at the rate needed %.3f)\n", p.rate/p.one, need/p.one)
 	}
-	if !math.IsNaN(p.windowCores + p.upsertCores + p.renewCores + p.idleCores) {
-		fmt.Fprintf(w, "server CPU (cross-check, /proc): %.2f cores in the renewal window (%.2f ms per renewal); at saturation %.2f cores\n",
-			p.windowCores, 1000*p.windowCores/p.rate, p.upsertCores)
-		fmt.Fprintf(w, "  for upserts (%.3f ms each), %.2f cores for renewals (%.2f ms each); window cores / upsert-saturation cores = %.3f\n",
-			1000*p.upsertCores/p.upsert, p.renewCores, 1000*p.renewCores/p.renew, p.windowCores/p.upsertCores)
-		fmt.Fprintf(w, "  with no client right after the holders %.2f cores (the server's own background work)\n", p.idleCores)
-	}
+	fmt.Fprintf(w, "server CPU (cross-check, /proc; cores = CPU s/s): renewal window %s (%s ms per renewal); at saturation\n",
+		num(p.windowCores, 2), num(1000*p.windowCores/p.rate, 2))
+	fmt.Fprintf(w, "  upserts %s (%s ms each), renewals %s (%s ms each); window / upsert saturation = %s; no client, right\n",
+		num(p.upsertCores, 2), num(1000*p.upsertCores/p.upsert, 3), num(p.renewCores, 2), num(1000*p.renewCores/p.renew, 2),
+		num(p.windowCores/p.upsertCores, 3))
+	fmt.Fprintf(w, "  after the holders, %s (the server's own background work)\n", num(p.idleCores, 2))
 	if !p.valid() {
 		note := ""
 		if p.reference {
 			note = " (the per-lease reference: reported, does not fail the run)"
 		}
-		fmt.Fprintf(w, "INVALID phase: %d names missing, %d acquire errors, %d renewals failed%s\n", p.missing, p.acqErr, p.failedTotal, note)
+		fmt.Fprintf(w, "INVALID phase: %d names missing, %d acquire errors%s\n", p.missing, p.acqErr, note)
 	}
+}
+
+// num formats x with prec decimals, "n/a" for NaN (a failed CPU reading).
+func num(x float64, prec int) string {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return "n/a"
+	}
+	return strconv.FormatFloat(x, 'f', prec, 64)
 }
 
 func rateOf(m measured) float64  { return m.rate }
