@@ -271,18 +271,7 @@ func (h *harness) Close() error {
 // (the suite may open its 16 lease clients at once); one opened while
 // Close runs is closed at once.
 func (h *harness) dial(ctx context.Context) (*clientv3.Client, error) {
-	cli, err := Dial(ctx, h.cfg.Endpoints)
-	if err != nil {
-		return nil, err
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		_ = closeClient(cli)
-		return nil, fmt.Errorf("%s: harness is closed", pkg)
-	}
-	h.clients = append(h.clients, cli)
-	return cli, nil
+	return h.dialEndpoints(ctx, h.cfg.Endpoints)
 }
 
 // Dial opens an etcd client for the suite and its holder processes, and

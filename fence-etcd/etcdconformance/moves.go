@@ -56,18 +56,10 @@ func (h *harness) moveTarget(ctx context.Context) (*moves, error) {
 	if m.cl != nil {
 		return m, nil
 	}
-	cl, err := etcdtemp.StartCluster(ctx, 1, h.cfg.ReplicaOptions...)
+	cl, err := h.startCluster(ctx, "move target", 1)
 	if err != nil {
-		return nil, fmt.Errorf("%s: move target: %w", pkg, err)
+		return nil, err
 	}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
-		_ = cl.Stop()
-		return nil, fmt.Errorf("%s: harness is closed", pkg)
-	}
-	h.clusters = append(h.clusters, cl)
-	h.mu.Unlock()
 	newCli, err := h.dialEndpoints(ctx, cl.Endpoints())
 	if err != nil {
 		return nil, err

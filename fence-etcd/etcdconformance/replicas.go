@@ -75,9 +75,20 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	if h.cfg.ReplicaMembers == 0 {
 		return nil, fmt.Errorf("%s: StartReplicas: Config.ReplicaMembers is 0: %w", pkg, errors.ErrUnsupported)
 	}
-	cl, err := etcdtemp.StartCluster(ctx, h.cfg.ReplicaMembers, h.cfg.ReplicaOptions...)
+	cl, err := h.startCluster(ctx, "StartReplicas", h.cfg.ReplicaMembers)
 	if err != nil {
-		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+		return nil, err
+	}
+	return &replicaSet{h: h, cl: cl}, nil
+}
+
+// startCluster starts an etcdtemp cluster of n members with
+// Config.ReplicaOptions and registers it with Close (what names the
+// caller in errors); one started while Close runs is stopped at once.
+func (h *harness) startCluster(ctx context.Context, what string, n int) (*etcdtemp.Cluster, error) {
+	cl, err := etcdtemp.StartCluster(ctx, n, h.cfg.ReplicaOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s: %w", pkg, what, err)
 	}
 	h.mu.Lock()
 	if h.closed {
@@ -87,7 +98,7 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	}
 	h.clusters = append(h.clusters, cl)
 	h.mu.Unlock()
-	return &replicaSet{h: h, cl: cl}, nil
+	return cl, nil
 }
 
 // replicaSet is an etcdtemp cluster with the harness's clients on it.

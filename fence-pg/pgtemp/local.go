@@ -68,13 +68,9 @@ func startLocal(ctx context.Context, cfg config, logf func(string, ...any)) (*se
 		}
 	}
 
-	tmp, err := os.MkdirTemp("", "pgtemp-")
+	tmp, err := makeTempDir()
 	if err != nil {
-		return nil, serverInfo{}, fmt.Errorf("pgtemp: %w", err)
-	}
-	// postgres reports its data directory as an absolute path; ours must compare equal to it.
-	if abs, err := filepath.Abs(tmp); err == nil {
-		tmp = abs
+		return nil, serverInfo{}, err
 	}
 	s := &server{
 		bins:     bins,
@@ -331,4 +327,18 @@ func portInUseError(port int, cause error) error {
 			port, loopback),
 		cause: cause,
 	}
+}
+
+// makeTempDir makes the directory a server's data, socket and log live in,
+// as an absolute path: postgres reports its data directory as an absolute
+// path, and ours must compare equal to it.
+func makeTempDir() (string, error) {
+	tmp, err := os.MkdirTemp("", "pgtemp-")
+	if err != nil {
+		return "", fmt.Errorf("pgtemp: %w", err)
+	}
+	if abs, err := filepath.Abs(tmp); err == nil {
+		tmp = abs
+	}
+	return tmp, nil
 }

@@ -229,12 +229,9 @@ func startStandby(ctx context.Context, primary *server, settings []setting, logf
 	if !isExecutable(basebackup) {
 		return nil, serverInfo{}, noBinariesError([]string{primary.bins.dir + " (no pg_basebackup, which a standby is made with)"})
 	}
-	tmp, err := os.MkdirTemp("", "pgtemp-")
+	tmp, err := makeTempDir()
 	if err != nil {
-		return nil, serverInfo{}, fmt.Errorf("pgtemp: %w", err)
-	}
-	if abs, err := filepath.Abs(tmp); err == nil {
-		tmp = abs
+		return nil, serverInfo{}, err
 	}
 	s := &server{
 		bins:     primary.bins,
