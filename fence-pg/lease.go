@@ -84,6 +84,7 @@ type LeaseStore struct {
 	sessions bool
 	sess     sessionStatements
 	undos    undoQueue
+	verified verifiedSessions // what RenewAll's fast path relies on
 
 	// For WaitFree, which needs a connection of its own: exactly one is set.
 	pool  *pgxpool.Pool

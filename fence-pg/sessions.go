@@ -55,13 +55,14 @@ func (s *LeaseStore) HolderSessions() bool { return s.sessions }
 // sessionStatements are the holder-session statements in the store's
 // schema (internal/pgsql/session.go).
 type sessionStatements struct {
-	acquire, undo, renew, release, renewAll, takeOver string
+	acquire, undo, renew, release, renewAll, renewGeneration, takeOver string
 }
 
 func newSessionStatements(in func(string) string) sessionStatements {
 	return sessionStatements{
 		acquire: in(pgsql.AcquireSession), undo: in(pgsql.UndoAcquireSession), renew: in(pgsql.RenewSession),
-		release: in(pgsql.ReleaseSession), renewAll: in(pgsql.RenewAllSession), takeOver: in(pgsql.TakeOverSession),
+		release: in(pgsql.ReleaseSession), renewAll: in(pgsql.RenewAllSession),
+		renewGeneration: in(pgsql.RenewSessionGeneration), takeOver: in(pgsql.TakeOverSession),
 	}
 }
 
@@ -258,23 +259,66 @@ func (s *LeaseStore) sessionChange(ctx context.Context, op string, g leasecore.G
 		Reason: r.lostReason(op, g), Err: leasecore.ErrLost}
 }
 
-// renewAllSession is RenewAll with holder sessions: one UPDATE that extends
-// each session the grants hang on (RenewAllSession) — one row for a holder
-// whose names share one TTL, whatever their number.
+// renewAllSession is RenewAll with holder sessions. Its common case is one
+// UPDATE of one row and no lease row read (RenewSessionGeneration): when
+// every grant is one the store found on the holder's session of their TTL
+// at a generation (see verifiedSessions) and the session row still shows
+// that session and generation. Otherwise, or when that UPDATE finds the
+// row changed, one UPDATE that extends each session the grants hang on
+// after checking every grant's lease row (RenewAllSession) — one row for a
+// holder whose names share one TTL, whatever their number — which also
+// tells the store the generation for the next time.
 func (s *LeaseStore) renewAllSession(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
 	const op = "renew all"
 	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	s.undos.retry(ctx, s, gs[0].Holder)
+	if v, ok := s.verified.covering(gs); ok {
+		start := time.Now() // before the request, as in Renew
+		var extended bool
+		err := pgstore.RetryConflicts(ctx, func() error {
+			var durable bool
+			err := s.db.QueryRow(ctx, s.sess.renewGeneration, gs[0].Holder, gs[0].TTL.Microseconds(),
+				v.sessionID, v.generation).Scan(&durable)
+			if errors.Is(err, sql.ErrNoRows) {
+				return nil
+			}
+			extended = err == nil
+			return err
+		})
+		if err != nil {
+			return nil, nil, pgstore.MapError(ctx, pkg, op, err)
+		}
+		if extended {
+			renewed := make([]leasecore.Grant, len(gs))
+			for i, g := range gs {
+				g.Start = start
+				renewed[i] = g
+			}
+			return renewed, make([]error, len(gs)), nil
+		}
+		// A name left the session, or the session ended or was replaced:
+		// the full check says which grants are still held.
+		s.verified.forget(gs[0].Holder, gs[0].TTL, v)
+	}
+	return s.renewAllSessionChecked(ctx, gs)
+}
+
+// renewAllSessionChecked is renewAllSession's full check (RenewAllSession).
+func (s *LeaseStore) renewAllSessionChecked(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
+	const op = "renew all"
 	arg, index, err := renewAllInput(gs)
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	start := time.Now() // before the request, as in Renew
-	var lost []error
+	var (
+		lost []error
+		seen []sessionSeen
+	)
 	err = pgstore.RetryConflicts(ctx, func() error {
-		lost = make([]error, len(gs))
+		lost, seen = make([]error, len(gs)), nil
 		rows, err := s.db.Query(ctx, s.sess.renewAll, gs[0].Holder, arg)
 		if err != nil {
 			return err
@@ -284,9 +328,14 @@ func (s *LeaseStore) renewAllSession(ctx context.Context, gs []leasecore.Grant) 
 			var (
 				name string
 				r    sessionRow
+				v    sessionSeen
 			)
-			if err := rows.Scan(append([]any{&name}, r.dest()...)...); err != nil {
+			if err := rows.Scan(append(append([]any{&name}, r.dest()...), &v.ttlUs, &v.sessionID, &v.generation)...); err != nil {
 				return err
+			}
+			if name == "" { // a session the statement extended
+				seen = append(seen, v)
+				continue
 			}
 			i := index[name]
 			lost[i] = &leasecore.HoldError{Op: "renew", Name: name, Holder: gs[i].Holder, Token: gs[i].Token,
@@ -304,6 +353,7 @@ func (s *LeaseStore) renewAllSession(ctx context.Context, gs []leasecore.Grant) 
 			renewed[i] = g
 		}
 	}
+	s.verified.note(gs[0].Holder, renewed, seen, start)
 	return renewed, lost, nil
 }
 

@@ -54,18 +54,74 @@ $$;
 -- expires_at to '-infinity' in the same statement, so that a renewal of it
 -- still in flight finds it ended (see pgsql.AcquireSession).
 --
--- expires_at is the only column a renewal changes and it is not indexed,
--- so renewals are HOT updates; the fillfactor leaves room on each page for
--- the new row versions they write. Rows are never deleted by the library;
--- deleting a row whose expires_at has passed is safe (its names are free
--- already, and a new session of that holder gets a new session_id).
+-- generation counts the names that left the session while it lived: the
+-- trigger lease_detached_from_session below adds 1 in the same transaction
+-- whenever a lease row on the session is released, undone, taken over or
+-- changed by hand. A store remembers which names (and tokens) a full
+-- RenewAll found on the session at one generation; while the session row
+-- still shows that session_id and generation, those names are all still on
+-- it, and RenewAll renews them by updating this one row without reading a
+-- lease row (see pgsql.RenewSessionGeneration).
+--
+-- expires_at and generation are the only columns a renewal or a release
+-- changes and neither is indexed, so both are HOT updates; the fillfactor
+-- leaves room on each page for the new row versions they write. Rows are
+-- never deleted by the library; deleting a row whose expires_at has passed
+-- is safe (its names are free already, and a new session of that holder
+-- gets a new session_id).
 CREATE TABLE IF NOT EXISTS leasefence.holder_session (
   holder     text NOT NULL,
   ttl_us     bigint NOT NULL CHECK (ttl_us > 0),
   session_id uuid NOT NULL,
   expires_at timestamptz NOT NULL,
+  generation bigint NOT NULL DEFAULT 0,
   PRIMARY KEY (holder, ttl_us)
 ) WITH (fillfactor = 50);
+
+-- A holder_session table made before generations gets the column; a
+-- constant default adds it without rewriting the table (PostgreSQL 11+).
+-- Checked in the catalog first, for the reason given for lease's columns.
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.holder_session'::regclass AND attname = 'generation' AND NOT attisdropped) THEN
+    ALTER TABLE leasefence.holder_session ADD COLUMN generation bigint NOT NULL DEFAULT 0;
+  END IF;
+END
+$$;
+
+-- Whenever a lease row that hangs on a session leaves it or changes its
+-- holding period (session_id, token or holder changed: a release, an undo,
+-- a take-over, an acquire of a name of an expired session, an operator's
+-- UPDATE), the session's generation grows, in the same transaction. A
+-- trigger rather than each statement of the library, so that no path can
+-- forget it, an operator's SQL included; SECURITY DEFINER because a store
+-- without holder sessions (whose role has no privilege on holder_session)
+-- may release or take over such a row too. It runs after the row was
+-- written, so it locks the session row after the lease row, the order every
+-- statement of the mode keeps (see pgsql/session.go, "Locks").
+CREATE OR REPLACE FUNCTION leasefence.note_session_detach() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+  UPDATE leasefence.holder_session SET generation = generation + 1
+   WHERE holder = OLD.holder AND session_id = OLD.session_id;
+  RETURN NULL;
+END
+$$;
+
+DO $$
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'leasefence.lease'::regclass AND attname = 'session_id' AND NOT attisdropped) THEN
+    RETURN;
+  END IF;
+  IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = 'leasefence.lease'::regclass AND tgname = 'lease_detached_from_session') THEN
+    CREATE TRIGGER lease_detached_from_session AFTER UPDATE OF session_id, token, holder ON leasefence.lease
+      FOR EACH ROW WHEN (OLD.session_id IS NOT NULL AND (NEW.session_id IS DISTINCT FROM OLD.session_id
+                          OR NEW.token IS DISTINCT FROM OLD.token OR NEW.holder IS DISTINCT FROM OLD.holder))
+      EXECUTE FUNCTION leasefence.note_session_detach();
+  END IF;
+END
+$$;
 
 -- The expiry of a holder's session, for the reads of every store (Inspect,
 -- List, WaitFree, TakeOver's report), with or without holder sessions: a

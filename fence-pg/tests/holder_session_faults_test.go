@@ -598,7 +598,8 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 	}
 	downgrade := func(db dbx.DB) {
 		t.Helper()
-		if _, err := db.Exec(ctx, `DROP FUNCTION leasefence.holder_session_expiry(text, uuid); DROP TABLE leasefence.holder_session;
+		if _, err := db.Exec(ctx, `DROP TRIGGER lease_detached_from_session ON leasefence.lease; DROP FUNCTION leasefence.note_session_detach();
+			DROP FUNCTION leasefence.holder_session_expiry(text, uuid); DROP TABLE leasefence.holder_session;
 			ALTER TABLE leasefence.lease DROP COLUMN session_id, DROP COLUMN acquire_id`); err != nil {
 			t.Fatal(err)
 		}
@@ -624,6 +625,22 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantErr(t, plain.CheckSchema(ctx), leasecore.ErrSchema, "function leasefence.holder_session_expiry is missing")
+	if err := plain.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A schema of holder sessions made before generations (no column, no
+	// trigger): out of date for the mode only; Migrate adds both.
+	if _, err := p.DB().Exec(ctx, `DROP TRIGGER lease_detached_from_session ON leasefence.lease;
+		ALTER TABLE leasefence.holder_session DROP COLUMN generation`); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, sess.CheckSchema(ctx), leasecore.ErrSchema, "leasefence.holder_session has no column generation", "run Migrate")
+	if err := plain.CheckSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
 	if err := plain.Migrate(ctx); err != nil {
 		t.Fatal(err)
 	}

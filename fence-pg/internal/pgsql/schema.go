@@ -37,6 +37,7 @@ var (
 	SessionColumns = []Column{
 		{"holder_session", "holder", "text"}, {"holder_session", "ttl_us", "bigint"},
 		{"holder_session", "session_id", "uuid"}, {"holder_session", "expires_at", "timestamp with time zone"},
+		{"holder_session", "generation", "bigint"},
 	}
 	ResourceColumns = []Column{
 		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"}, {"fence_floor", "token_space", "text"},
@@ -60,6 +61,12 @@ var GuardTriggers = map[string][]string{
 	"lease":       {"lease_never_deleted", "lease_never_truncated", "lease_token_only_grows"},
 	"fence_floor": {"floor_never_deleted", "floor_never_truncated", "floor_only_grows"},
 }
+
+// SessionDetachTrigger is the trigger on lease that counts the names
+// leaving a holder session (schema/lease.sql); RenewAll's fast path with
+// holder sessions is only sound with it, so CheckSchema wants it whenever
+// it wants the holder_session table.
+const SessionDetachTrigger = "lease_detached_from_session"
 
 // Triggers lists the user triggers of table $2 in schema $1, sorted and
 // comma-separated.

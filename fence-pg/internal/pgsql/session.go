@@ -28,6 +28,15 @@ package pgsql
 // server aborts one of them, which did nothing, and pgstore.RetryConflicts
 // runs it again.
 //
+// The trigger lease_detached_from_session (schema/lease.sql) adds to the
+// generation of the session a changed lease row hung on, at the end of the
+// statement that changed it: after the lease row, as the order wants. A
+// release therefore also holds its session row until it commits (renewals
+// of the holder wait for it, as for an acquire). TakeOverSession of a name
+// on another holder's session locks its own holder's session row (sess)
+// before that one (the trigger): two take-overs in opposite directions at
+// the same moment can deadlock, and RetryConflicts runs the loser again.
+//
 // Session rows are locked FOR UPDATE, the strongest row lock, not the FOR
 // NO KEY UPDATE an UPDATE of a non-key column would need: the statement
 // goes on to update the rows it locked (ended, and sess's ON CONFLICT DO
@@ -214,13 +223,25 @@ const ReleaseSession = `WITH u AS (
 // TTL. A grant is renewed when its lease row hangs on its session (the
 // holder's row of the grant's TTL) with its token and that session was
 // extended. It returns one row per grant NOT renewed: name, then
-// sessionDiagnosis's columns.
+// sessionDiagnosis's columns, then 0, an empty text and 0; and one row per
+// session it extended: an empty name, the diagnosis columns' zero values,
+// then the session's TTL
+// in microseconds, its session_id (as text) and its generation as this
+// statement's snapshot shows them — the generation at which the lease rows
+// it judged were read, which is what a later RenewSessionGeneration may
+// rely on. (When a concurrent release committed after the snapshot, the
+// UPDATE extends the row's newer version, whose generation is larger: the
+// one returned is then already stale, and the next fast renewal falls back
+// to this statement, as it should.)
 const RenewAllSession = `WITH input AS (
   SELECT * FROM json_to_recordset($2::json) AS i(name text, token bigint, ttl_us bigint)
 ), att AS (
   SELECT i.name, i.ttl_us, l.session_id
     FROM input i JOIN leasefence.lease l ON l.name = i.name AND l.holder = $1::text AND l.token = i.token
    WHERE l.session_id IS NOT NULL
+), seen AS (
+  SELECT s.ttl_us, s.session_id, s.generation FROM leasefence.holder_session s
+   WHERE s.holder = $1::text AND (s.ttl_us, s.session_id) IN (SELECT ttl_us, session_id FROM att)
 ), u AS (
   UPDATE leasefence.holder_session s SET expires_at = now() + s.ttl_us * interval '1 microsecond'
    WHERE s.holder = $1::text AND s.expires_at > now()
@@ -231,11 +252,33 @@ SELECT input.name, l.name IS NOT NULL, coalesce(l.holder, ''), coalesce(l.token,
        coalesce(l.session_id IS NULL AND l.expires_at = '-infinity', false),
        coalesce(l.session_id IS NOT NULL, false),
        coalesce(l.session_id IS NULL AND l.expires_at > now(), false),
-       s.session_id IS NOT NULL, coalesce(s.expires_at > now(), false), coalesce(s.ttl_us, 0)
+       s.session_id IS NOT NULL, coalesce(s.expires_at > now(), false), coalesce(s.ttl_us, 0),
+       0::bigint, '', 0::bigint
   FROM input LEFT JOIN leasefence.lease l ON l.name = input.name
   LEFT JOIN leasefence.holder_session s ON s.holder = l.holder AND s.session_id = l.session_id
  WHERE NOT EXISTS (SELECT FROM att JOIN u ON u.ttl_us = att.ttl_us AND u.session_id = att.session_id
-                    WHERE att.name = input.name)`
+                    WHERE att.name = input.name)
+UNION ALL
+SELECT '', false, '', 0::bigint, false, false, false, false, false, 0::bigint,
+       u.ttl_us, u.session_id::text, seen.generation
+  FROM u JOIN seen ON seen.ttl_us = u.ttl_us AND seen.session_id = u.session_id`
+
+// RenewSessionGeneration is RenewAll's fast path with holder sessions: it
+// extends holder $1's session of TTL $2 microseconds while that session
+// still has session_id $3 and generation $4 and is unexpired, and returns
+// one row when it did, none otherwise. The caller knows, from a
+// RenewAllSession at generation $4, that the names it renews were on that
+// session then; the generation grows with every name that leaves the
+// session or changes its holding period (the trigger
+// lease_detached_from_session, in the same transaction as the change), and
+// a session_id is never drawn twice, so an unchanged (session_id,
+// generation) means every one of those names is still on it with its
+// token: one UPDATE of one row renews them all, with no lease row read.
+const RenewSessionGeneration = `UPDATE leasefence.holder_session s
+   SET expires_at = now() + s.ttl_us * interval '1 microsecond'
+ WHERE s.holder = $1::text AND s.ttl_us = $2::bigint AND s.session_id = $3::uuid AND s.generation = $4::bigint
+   AND s.expires_at > now()
+RETURNING ` + DurableCommit
 
 // TakeOverSession is TakeOver for a store with holder sessions: the name
 // goes to holder $2 on its session of TTL $3 microseconds (refreshed or

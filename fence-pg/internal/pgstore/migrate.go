@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
@@ -105,6 +106,16 @@ func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsq
 				return fmt.Errorf("%s: %s: %w: table %s.%s lacks its token-space guard (trigger %s): the schema is out of date (run Migrate)",
 					pkg, op, leasecore.ErrSchema, schema, c.Table, g)
 			}
+		}
+	}
+	if slices.ContainsFunc(want, func(c pgsql.Column) bool { return c.Table == "holder_session" }) {
+		var have string
+		if err := db.QueryRow(ctx, pgsql.Triggers, schema, "lease").Scan(&have); err != nil {
+			return MapError(ctx, pkg, op, err)
+		}
+		if !slices.Contains(strings.Split(have, ","), pgsql.SessionDetachTrigger) {
+			return fmt.Errorf("%s: %s: %w: table %s.lease lacks trigger %s, which holder sessions need: the schema is out of date (run Migrate)",
+				pkg, op, leasecore.ErrSchema, schema, pgsql.SessionDetachTrigger)
 		}
 	}
 	for _, fn := range funcs {
