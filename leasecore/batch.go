@@ -126,3 +126,76 @@ func CheckRenewAll(ctx context.Context, gs []Grant, minTTL time.Duration) error 
 	}
 	return nil
 }
+
+// BatchAcquirer is an optional interface that may be implemented by a
+// Lease. A holder that starts with many names (shard ownership) acquires
+// them in one call instead of one round trip, and one durable commit, per
+// name. SessionSet.AcquireAll uses it when its lease has it.
+//
+// AcquireAll judges each name by the rules of Lease.Acquire, on its own:
+// a name that is free, expired or released is granted to holder for ttl
+// with a token strictly larger than every token issued for it before; a
+// name with an unexpired holding period (whoever holds it, holder
+// included) is refused and left unchanged. The call is not all or none:
+// some names may be granted and others refused.
+//
+// It returns, in the order of names, grants[i] when errs[i] is nil, or in
+// errs[i] what Acquire would have returned for names[i]: a *HoldError
+// wrapping ErrHeld, or an error wrapping ErrUnavailable or ctx's error
+// when the request of that name alone failed (the grants of the other
+// names stand). Tokens are per name, as always; two names of one call may
+// get the same token value (an etcd transaction's revision), which says
+// nothing about either (see ErrTokenSpace: tokens compare within one name).
+// Each grant's Start is read before the request that granted it, as
+// Acquire's (or dated back, as Acquire's may be).
+//
+// err is for the call as a whole: bad input (CheckAcquireAll, and the
+// backend's own limits), the backend unavailable, ctx done. Then grants and
+// errs are nil and the caller holds none of the names: whatever the
+// backend may have granted before it failed is given back or undone by
+// AcquireAll itself, or, where the backend's Acquire leaves an unknown
+// outcome to expiry, left to lapse unrenewed within ttl, as Acquire's
+// would be (each backend documents which it does). Such a name may read
+// as held until then, and acquiring it again meanwhile is refused with
+// ErrHeld.
+type BatchAcquirer interface {
+	AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []Grant, errs []error, err error)
+}
+
+// MaxAcquireAll is the largest number of names in one AcquireAll. It keeps
+// one call's request bounded (PostgreSQL: one parameter of at most
+// MaxAcquireAll * MaxNameLen bytes of names, about 200 kB; etcd: at most 8
+// transactions of 128 puts) and its answer quick enough for the TTLs a
+// holder uses: a holder with more names calls it once per
+// MaxAcquireAll of them.
+const MaxAcquireAll = 1000
+
+// CheckAcquireAll validates the arguments of BatchAcquirer.AcquireAll: 1
+// to MaxAcquireAll distinct names, each valid as Acquire's name (the field
+// of an error is "names[i]"), holder and ttl as for Acquire, and ctx not
+// done.
+func CheckAcquireAll(ctx context.Context, names []string, holder string, ttl, minTTL time.Duration) error {
+	const op = "acquire all"
+	if len(names) == 0 || len(names) > MaxAcquireAll {
+		return &ArgError{Op: op, Field: "names", Value: fmt.Sprint(len(names)),
+			Reason: fmt.Sprintf("must hold 1 to %d names", MaxAcquireAll)}
+	}
+	seen := make(map[string]int, len(names))
+	for i, n := range names {
+		field := fmt.Sprintf("names[%d]", i)
+		if err := CheckName(op, field, n); err != nil {
+			return err
+		}
+		if j, dup := seen[n]; dup {
+			return &ArgError{Op: op, Field: field, Value: Quote(n), Reason: fmt.Sprintf("repeats names[%d]", j)}
+		}
+		seen[n] = i
+	}
+	if err := CheckName(op, "holder", holder); err != nil {
+		return err
+	}
+	if err := CheckTTL(op, ttl, minTTL); err != nil {
+		return err
+	}
+	return CheckContext(op, ctx)
+}

@@ -98,6 +98,131 @@ func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 	if err != nil {
 		return 0, err
 	}
+	t, err := s.admit(ctx, name, g, start, realStart)
+	if err != nil {
+		return 0, err
+	}
+	s.kickLoop()
+	return t, nil
+}
+
+// AcquireAll adds names to the set, each as Acquire would, in as few
+// requests as the lease allows. It returns, in the order of names, the
+// token of each name the set holds afterwards, or in errs[i] why not:
+// what Acquire would have returned for that name (ErrHeld when another
+// holder has it, ErrLocalDeadline, ErrClosed, or the backend's error for
+// that name). err is for the call as a whole; then the set holds none of
+// the names it did not hold before.
+//
+// The call sequence:
+//
+//  1. The names are validated (CheckAcquireAll with the set's holder and
+//     TTL): bad input, or ctx done, is err and nothing is sent. After
+//     Close, err wraps ErrClosed.
+//  2. A name the set holds already keeps its grant: tokens[i] is its
+//     token, with no request.
+//  3. The others are acquired. When the set's lease implements
+//     BatchAcquirer, with ONE AcquireAll for all of them, the set's clock
+//     read once before it; an err of that call is AcquireAll's err (the
+//     backend gave back or undid whatever it granted, see BatchAcquirer).
+//     Otherwise with one Lease.Acquire per name, in order, the clock read
+//     before each; an error of one is that name's errs[i] and the others
+//     go on (after ctx ends, each fails at once with ctx's error).
+//  4. Each grant is admitted by the rules of Acquire: its local deadline
+//     counts from the clock reading taken before its request (moved back
+//     when the backend dates the grant earlier, as fenceetcd's shared
+//     leases do); a grant whose deadline has passed by the set's clock is
+//     given back (Release, best effort) and its name fails with
+//     ErrLocalDeadline; after Close, it is given back and fails with
+//     ErrClosed; otherwise the name joins the set with its own token,
+//     context and deadline, and is renewed by the set's RenewAll from then
+//     on.
+//  5. The renewal goroutine is told once, so that its deadline timer
+//     covers the new names.
+//
+// A refused or failed name leaves the set as it was; the names granted
+// are the set's even when others failed.
+func (s *SessionSet) AcquireAll(ctx context.Context, names []string) (tokens []Token, errs []error, err error) {
+	if err := CheckAcquireAll(ctx, names, s.holder, s.cfg.ttl, 0); err != nil {
+		return nil, nil, err
+	}
+	tokens, errs = make([]Token, len(names)), make([]error, len(names))
+	var todo []int // indexes of the names to acquire
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, nil, fmt.Errorf("leasecore: session set: acquire all: %w", ErrClosed)
+	}
+	for i, name := range names {
+		if e, ok := s.held[name]; ok {
+			tokens[i] = e.grant.Token // already ours
+		} else {
+			todo = append(todo, i)
+		}
+	}
+	s.mu.Unlock()
+	if len(todo) == 0 {
+		return tokens, errs, nil
+	}
+	admitted := false
+	defer func() {
+		if admitted {
+			s.kickLoop()
+		}
+	}()
+
+	batch, ok := s.lease.(BatchAcquirer)
+	if !ok {
+		for _, i := range todo {
+			start, realStart := s.cfg.clock.Now(), time.Now() // before the request
+			g, err := s.lease.Acquire(ctx, names[i], s.holder, s.cfg.ttl)
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			tokens[i], errs[i] = s.admit(ctx, names[i], g, start, realStart)
+			admitted = admitted || errs[i] == nil
+		}
+		return tokens, errs, nil
+	}
+
+	ask := make([]string, len(todo))
+	for j, i := range todo {
+		ask[j] = names[i]
+	}
+	start, realStart := s.cfg.clock.Now(), time.Now() // before the request
+	gs, es, err := batch.AcquireAll(ctx, ask, s.holder, s.cfg.ttl)
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(gs) != len(ask) || len(es) != len(ask) {
+		// A broken backend: give back what it says it granted.
+		for j, g := range gs {
+			if g.Token != 0 && (j >= len(es) || es[j] == nil) {
+				s.cfg.releaseBestEffort(ctx, s.lease, g)
+			}
+		}
+		return nil, nil, fmt.Errorf("leasecore: session set: acquire all: %T.AcquireAll returned %d grants and %d errors for %d names",
+			s.lease, len(gs), len(es), len(ask))
+	}
+	for j, i := range todo {
+		if es[j] != nil {
+			errs[i] = es[j]
+			continue
+		}
+		tokens[i], errs[i] = s.admit(ctx, names[i], gs[j], start, realStart)
+		admitted = admitted || errs[i] == nil
+	}
+	return tokens, errs, nil
+}
+
+// admit applies Acquire's rules to g, a grant of name whose request was
+// sent after the set's clock read start (and time.Now() read realStart):
+// it gives g back and returns ErrClosed after Close, or ErrLocalDeadline
+// when the local deadline has passed by the set's clock; otherwise name
+// joins the set. The caller tells the renewal goroutine afterwards
+// (kickLoop), once for any number of names.
+func (s *SessionSet) admit(ctx context.Context, name string, g Grant, start, realStart time.Time) (Token, error) {
 	g.Start = earliestStart(start, realStart, g)
 	deadline := g.LocalDeadline(s.cfg.margin)
 	s.mu.Lock()
@@ -115,11 +240,16 @@ func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 	ectx, cancel := context.WithCancelCause(context.Background())
 	s.held[name] = &setEntry{grant: g, deadline: deadline, ctx: ectx, cancel: cancel}
 	s.mu.Unlock()
+	return g.Token, nil
+}
+
+// kickLoop tells the renewal goroutine that names were added: its deadline
+// timer may need to move.
+func (s *SessionSet) kickLoop() {
 	select {
 	case s.kick <- struct{}{}:
 	default: // a kick is pending already
 	}
-	return g.Token, nil
 }
 
 // Token returns the token of name; ok is false when the set does not hold
