@@ -101,6 +101,9 @@ func TestLayout(t *testing.T) {
 		{l.Moved("a/b"), "/p/moved/a%2Fb"},
 		{l.PartToken("s", "p"), "/p/parttoken/s/p"},
 		{l.Published("s", "p"), "/p/published/s/p"},
+		{l.HolderGen("h/1", 0x694d9a1b2c3d4e5f), "/p/holdergen/h%2F1/694d9a1b2c3d4e5f"},
+		{l.HolderGen("h", 7), "/p/holdergen/h/0000000000000007"},
+		{l.HolderGenPrefix("h/1"), "/p/holdergen/h%2F1/"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)

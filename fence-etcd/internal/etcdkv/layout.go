@@ -44,6 +44,8 @@ func NewOptions() Options { return Options{Prefix: DefaultPrefix} }
 //	<prefix>/moved/<scope>                 value: SealRecord (JSON), when the scope moved away
 //	<prefix>/parttoken/<scope>/<part>      value: EncodeToken (etcdcontrol's row fence only)
 //	<prefix>/published/<scope>/<part>      value: PartRecord (etcdcontrol's publisher only)
+//	<prefix>/holdergen/<holder>/<16 hex>   value: empty; attached to the holder's shared etcd lease
+//	                                       whose ID it names (HolderGen): the holder's generation key
 //
 // Every name, scope and part is escaped with url.PathEscape, so a "/" in a
 // name is "%2F" in its key: one key never lies inside another's range (scope
@@ -137,6 +139,22 @@ func (l Layout) AttemptsAt(scope string, t time.Time) string {
 func (l Layout) Fenced() []string {
 	return []string{l.prefix + "/floor/", l.prefix + "/floorspace/", l.prefix + "/attempt/", l.prefix + "/moved/"}
 }
+
+// HolderGen is the generation key of holder's shared etcd lease id
+// (fenceetcd.WithSharedLeases): the lease ID as 16 lower-case hex digits
+// under HolderGenPrefix(holder). It is put attached to that lease, so it
+// goes with it. Whoever removes a lease key of holder's (a release, a
+// take-over) in the same transaction deletes or rewrites it, so that an
+// unchanged mod revision of this key means that none of holder's lease keys
+// attached to the lease was removed in between (see fenceetcd's RenewAll).
+func (l Layout) HolderGen(holder string, id int64) string {
+	return fmt.Sprintf("%s%016x", l.HolderGenPrefix(holder), uint64(id))
+}
+
+// HolderGenPrefix is the prefix of every generation key of holder, "/"
+// included: a delete of this prefix ends what every store verified about
+// holder's names.
+func (l Layout) HolderGenPrefix(holder string) string { return l.key("holdergen", holder) + "/" }
 
 // PartToken is the key of the row-fenced control's per-part token.
 func (l Layout) PartToken(scope, part string) string { return l.key("parttoken", scope, part) }
