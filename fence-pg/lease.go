@@ -81,10 +81,11 @@ type LeaseStore struct {
 	stmt   struct{ acquire, renew, release, renewAll, inspect string }
 
 	// Holder sessions (WithHolderSessions).
-	sessions bool
-	sess     sessionStatements
-	undos    undoQueue
-	verified verifiedSessions // what RenewAll's fast path relies on
+	sessions     bool
+	sess         sessionStatements
+	undos        undoQueue
+	verified     verifiedSessions // what RenewAll's fast path relies on
+	fastRenewals renewBatcher     // RenewAll's fast renewals, gathered
 
 	// For WaitFree, which needs a connection of its own: exactly one is set.
 	pool  *pgxpool.Pool

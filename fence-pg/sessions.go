@@ -62,7 +62,7 @@ func newSessionStatements(in func(string) string) sessionStatements {
 	return sessionStatements{
 		acquire: in(pgsql.AcquireSession), undo: in(pgsql.UndoAcquireSession), renew: in(pgsql.RenewSession),
 		release: in(pgsql.ReleaseSession), renewAll: in(pgsql.RenewAllSession),
-		renewGeneration: in(pgsql.RenewSessionGeneration), takeOver: in(pgsql.TakeOverSession),
+		renewGeneration: in(pgsql.RenewSessionsGeneration), takeOver: in(pgsql.TakeOverSession),
 	}
 }
 
@@ -260,7 +260,9 @@ func (s *LeaseStore) sessionChange(ctx context.Context, op string, g leasecore.G
 }
 
 // renewAllSession is RenewAll with holder sessions. Its common case is one
-// UPDATE of one row and no lease row read (RenewSessionGeneration): when
+// UPDATE of one row and no lease row read (RenewSessionsGeneration, shared
+// with the fast renewals of other holders running at the same moment; see
+// renewBatcher): when
 // every grant is one the store found on the holder's session of their TTL
 // at a generation (see verifiedSessions) and the session row still shows
 // that session and generation. Otherwise, or when that UPDATE finds the
@@ -276,17 +278,8 @@ func (s *LeaseStore) renewAllSession(ctx context.Context, gs []leasecore.Grant) 
 	s.undos.retry(ctx, s, gs[0].Holder)
 	if v, ok := s.verified.covering(gs); ok {
 		start := time.Now() // before the request, as in Renew
-		var extended bool
-		err := pgstore.RetryConflicts(ctx, func() error {
-			var durable bool
-			err := s.db.QueryRow(ctx, s.sess.renewGeneration, gs[0].Holder, gs[0].TTL.Microseconds(),
-				v.sessionID, v.generation).Scan(&durable)
-			if errors.Is(err, sql.ErrNoRows) {
-				return nil
-			}
-			extended = err == nil
-			return err
-		})
+		extended, err := s.fastRenewals.renew(ctx, s, fastRenewal{holder: gs[0].Holder, ttlUs: gs[0].TTL.Microseconds(),
+			sessionID: v.sessionID, generation: v.generation})
 		if err != nil {
 			return nil, nil, pgstore.MapError(ctx, pkg, op, err)
 		}

@@ -2,8 +2,10 @@ package fencepg_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -224,6 +226,91 @@ func TestHolderSessionRenewAllSeesEveryDetach(t *testing.T) {
 		}
 		if err := store.CheckSchema(ctx); err != nil {
 			t.Fatalf("Migrate did not restore the trigger: %v", err)
+		}
+	})
+}
+
+// TestHolderSessionRenewAllGathersConcurrentRenewals: many holders renewing
+// at once through one store, each with names of its own, are all renewed
+// correctly, in fewer commits than renewals (the store gathers concurrent
+// fast renewals into one statement); a holder one of whose names another
+// store released meanwhile gets exactly that name reported lost, while the
+// others' renewals ride on together.
+func TestHolderSessionRenewAllGathersConcurrentRenewals(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFixture(t, driver)
+		ctx := t.Context()
+		pool := pgtest.Open(t, driver, f.leaseDSN, 1) // one backend: its statistics are the store's
+		store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		other, err := f.leasePool.LeaseStore(fencepg.WithHolderSessions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		const holders, names, rounds = 24, 5, 10
+		grants := make([][]leasecore.Grant, holders)
+		for h := range grants {
+			grants[h] = acquireShards(t, store, fmt.Sprintf("holder-%02d", h), names, time.Minute)
+			renewAllWant(t, store, grants[h], "") // the full check, once
+		}
+		commits := func() int64 {
+			t.Helper()
+			if _, err := pool.DB().Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			var n int64
+			if err := f.leaseDB.QueryRow(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := commits()
+		// Holder 0 loses one name midway, through another store.
+		reached, released := make(chan struct{}), make(chan struct{})
+		errs := make(chan error, holders*rounds+1)
+		var wg sync.WaitGroup
+		for h := range holders {
+			wg.Go(func() {
+				for r := range rounds {
+					if h == 0 && r == rounds/2 {
+						close(reached)
+						<-released
+					}
+					renewed, lost, err := store.RenewAll(ctx, grants[h])
+					if err != nil {
+						errs <- err
+						return
+					}
+					for i, g := range grants[h] {
+						wantGone := h == 0 && r >= rounds/2 && i == 1
+						switch {
+						case wantGone && !errors.Is(lost[i], leasecore.ErrLost):
+							errs <- fmt.Errorf("round %d: %s released by another store, RenewAll says lost=%v", r, g.Name, lost[i])
+						case !wantGone && (lost[i] != nil || renewed[i].Token != g.Token):
+							errs <- fmt.Errorf("round %d: %s: renewed %+v, lost %v", r, g.Name, renewed[i], lost[i])
+						}
+					}
+				}
+			})
+		}
+		<-reached
+		if err := other.Release(ctx, grants[0][1]); err != nil {
+			t.Fatal(err)
+		}
+		close(released)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		after := commits()
+		t.Logf("%d renewals by %d holders at once through one store: %d commits in the database (stats reads included)",
+			holders*rounds, holders, after-before)
+		if after-before >= holders*rounds {
+			t.Fatalf("%d concurrent renewals took %d commits: the store did not gather them", holders*rounds, after-before)
 		}
 	})
 }

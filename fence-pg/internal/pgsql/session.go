@@ -263,22 +263,39 @@ SELECT '', false, '', 0::bigint, false, false, false, false, false, 0::bigint,
        u.ttl_us, u.session_id::text, seen.generation
   FROM u JOIN seen ON seen.ttl_us = u.ttl_us AND seen.session_id = u.session_id`
 
-// RenewSessionGeneration is RenewAll's fast path with holder sessions: it
-// extends holder $1's session of TTL $2 microseconds while that session
-// still has session_id $3 and generation $4 and is unexpired, and returns
-// one row when it did, none otherwise. The caller knows, from a
-// RenewAllSession at generation $4, that the names it renews were on that
-// session then; the generation grows with every name that leaves the
+// RenewSessionsGeneration is RenewAll's fast path with holder sessions, for
+// the fast renewals of one or more holders at once ($1: a JSON array of
+// {"holder", "ttl_us", "session_id", "generation"}): it extends each
+// holder's session of that TTL while it still has that session_id and
+// generation and is unexpired, and returns holder, ttl_us, session_id and
+// generation of each session it extended. The caller knows, from a
+// RenewAllSession at that generation, that the names it renews were on
+// that session then; the generation grows with every name that leaves the
 // session or changes its holding period (the trigger
 // lease_detached_from_session, in the same transaction as the change), and
 // a session_id is never drawn twice, so an unchanged (session_id,
 // generation) means every one of those names is still on it with its
-// token: one UPDATE of one row renews them all, with no lease row read.
-const RenewSessionGeneration = `UPDATE leasefence.holder_session s
-   SET expires_at = now() + s.ttl_us * interval '1 microsecond'
- WHERE s.holder = $1::text AND s.ttl_us = $2::bigint AND s.session_id = $3::uuid AND s.generation = $4::bigint
-   AND s.expires_at > now()
-RETURNING ` + DurableCommit
+// token: the session row alone is updated, no lease row is read.
+//
+// The rows are locked in one ordered pass (FOR UPDATE, as every statement
+// of the mode that locks several session rows; see Locks above), which
+// re-checks the conditions on each row's latest version; the UPDATE then
+// changes exactly the versions it locked. One statement, one durable
+// commit, for every holder in $1: the fencepg.LeaseStore gathers the fast
+// renewals that its concurrent RenewAll calls want while one is running.
+const RenewSessionsGeneration = `WITH input AS (
+  SELECT * FROM json_to_recordset($1::json) AS i(holder text, ttl_us bigint, session_id uuid, generation bigint)
+), locked AS (
+  SELECT s.holder, s.ttl_us FROM leasefence.holder_session s
+    JOIN input i ON s.holder = i.holder AND s.ttl_us = i.ttl_us
+   WHERE s.session_id = i.session_id AND s.generation = i.generation AND s.expires_at > now()
+   ORDER BY s.holder, s.ttl_us
+   FOR UPDATE OF s
+)
+UPDATE leasefence.holder_session s SET expires_at = now() + s.ttl_us * interval '1 microsecond'
+  FROM (SELECT DISTINCT holder, ttl_us FROM locked) AS l
+ WHERE s.holder = l.holder AND s.ttl_us = l.ttl_us AND ` + DurableCommit + `
+RETURNING s.holder, s.ttl_us, s.session_id::text, s.generation`
 
 // TakeOverSession is TakeOver for a store with holder sessions: the name
 // goes to holder $2 on its session of TTL $3 microseconds (refreshed or
