@@ -582,3 +582,36 @@ func TestAcquireAllUndoRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestAcquireAllSessionSet: a SessionSet on a store with holder sessions
+// acquires 100 new names with one statement (one transaction wrote their
+// rows) and holds them; Close releases them.
+func TestAcquireAllSessionSet(t *testing.T) {
+	f := newSessionFixture(t, pgopen.Pgx)
+	set, err := leasecore.NewSessionSet(f.sess, "holder-a", leasecore.WithTTL(5*time.Second), leasecore.WithRenewInterval(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	names := batchNames("shard", 100)
+	tokens, errs, err := set.AcquireAll(ctx, names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range names {
+		if errs[i] != nil || tokens[i] != 1 || !set.Valid(names[i]) {
+			t.Fatalf("%s: %d, %v", names[i], tokens[i], errs[i])
+		}
+	}
+	if xs := f.xmins(t, names); len(xs) != 1 {
+		t.Fatalf("the names' rows were written by transactions %v, want one", xs)
+	}
+	if err := set.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{names[0], names[99]} {
+		if got := f.state(t, n); got != "free token=1 released=true" {
+			t.Fatalf("%s after Close: %s", n, got)
+		}
+	}
+}
