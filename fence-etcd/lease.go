@@ -43,7 +43,15 @@ import (
 //     of that holder and TTL: they live and die together. A holder that no
 //     longer wants a name must Release it; stopping to renew only that name
 //     does not let it expire while the holder renews others.
-//   - Release deletes the name's key only; the shared lease stays for the
+//   - RenewAll of names the store has checked before costs one Get of the
+//     holder's generation key and one keep-alive, however many the names;
+//     a full check (a read of every name's key) runs when a name of the
+//     holder was taken over, or released through another store, or a name
+//     was acquired since (see RenewAll). Delete lease keys only through
+//     Release or TakeOver: a key deleted by other means (etcdctl, a raw
+//     client) goes unnoticed by RenewAll until its next full check.
+//   - Release deletes the name's key only (and changes the holder's
+//     generation keys, see RenewAll); the shared lease stays for the
 //     holder's other names and its next acquires.
 //   - Close revokes every shared lease, which deletes all their names at
 //     once.
@@ -305,26 +313,48 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // In shared mode it is the transaction alone, and the delete returns no
 // previous value: the shared etcd lease is not revoked, as the holder's
 // other names are attached to it.
+//
+// The same transaction changes the holder's generation keys (see
+// RenewAll). In shared mode, when the key hangs on this store's shared
+// lease for (g.Holder, g.TTL) and that lease's generation key is as the
+// store last saw it, it rewrites that key, and the names the store verified
+// on that lease keep RenewAll's fast path. Otherwise, and always without
+// shared leases, it deletes all of the holder's generation keys, and the
+// holder's next RenewAll on every store checks every name.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
 		return err
 	}
 	key := s.layout.Lease(g.Name)
-	del := clientv3.OpDelete(key)
-	if !s.shared {
-		del = clientv3.OpDelete(key, clientv3.WithPrevKV())
+	var then []clientv3.Op
+	var gen releaseGen
+	if s.shared {
+		gen = s.releaseGen(key, g)
+		then = []clientv3.Op{clientv3.OpDelete(key), gen.op}
+	} else {
+		// The holder's generation keys are those of a store in shared
+		// mode, which a store in this mode must not release names of
+		// (WithSharedLeases); should it, the revoke below ends the
+		// shared lease and its generation key with it — unless it
+		// fails, which is why they are deleted here too. A delete of a
+		// range with no key in it costs the server next to nothing.
+		then = []clientv3.Op{clientv3.OpDelete(key, clientv3.WithPrevKV()),
+			clientv3.OpDelete(s.layout.HolderGenPrefix(g.Holder), clientv3.WithPrefix())}
 	}
 	resp, err := s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
 			clientv3.Compare(clientv3.Value(key), "=", g.Holder)).
-		Then(del).
+		Then(then...).
 		Commit()
 	if err != nil {
 		return etcdkv.MapError(ctx, pkg, op, err)
 	}
 	if !resp.Succeeded {
 		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
+	}
+	if s.shared {
+		s.releasedGen(g, gen, resp)
 	}
 	if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) > 0 && prev[0].Lease != 0 {
 		s.revoke(ctx, clientv3.LeaseID(prev[0].Lease))

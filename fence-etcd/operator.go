@@ -86,8 +86,11 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // key is still the holding period it read (If(CreateRevision(key) ==
 // token)), then acquires as Acquire does (with this store's mode of
 // leases). The etcd lease of the deleted key is left to expire on its own:
-// with shared leases the old holder's other names are attached to it. An
-// expired or released lease has no key: TakeOver is then an Acquire.
+// with shared leases the old holder's other names are attached to it. The
+// same transaction deletes the old holder's generation keys, so every
+// store of that holder reads the name's key at its next RenewAll and finds
+// it lost (see RenewAll). An expired or released lease has no key:
+// TakeOver is then an Acquire.
 //
 // Between the delete and the acquire another acquirer (a waiting
 // Campaign, which the delete wakes) may take the lease: TakeOver then
@@ -117,9 +120,14 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 			return leasecore.Grant{}, leasecore.LeaseState{}, err
 		}
 		if prev.Exists {
+			// With the key go all of the previous holder's generation
+			// keys: any store of that holder that verified the name (see
+			// RenewAll) checks it again at its next RenewAll, and finds
+			// it lost.
 			resp, err := s.kv.Txn(ctx).
 				If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(prev.Token))).
-				Then(clientv3.OpDelete(key)).
+				Then(clientv3.OpDelete(key),
+					clientv3.OpDelete(s.layout.HolderGenPrefix(prev.Holder), clientv3.WithPrefix())).
 				Commit()
 			if err != nil {
 				return leasecore.Grant{}, leasecore.LeaseState{}, etcdkv.MapError(ctx, pkg, op, err)
@@ -134,6 +142,7 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 				}
 				continue
 			}
+			s.holderGensGone(prev.Holder)
 		}
 		g, err := s.Acquire(ctx, name, holder, ttl)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -47,6 +48,80 @@ type sharedLease struct {
 	// request, so id expires no earlier than refreshed + ttl (as long as
 	// the clocks run at the same rate; a leader change only lengthens it).
 	refreshed time.Time
+	// ver is what the last full RenewAll verified about the names attached
+	// to id (see RenewAll's fast path); reset whenever id changes.
+	ver verified
+}
+
+// verified is what a full RenewAll found about one shared etcd lease of a
+// holder: the mod revision of the holder's generation key of that lease
+// (etcdkv.Layout.HolderGen), and the names whose keys it found attached to
+// the lease, with the holder, at the same revision or a later one. Every
+// removal of such a key through this package changes or deletes the
+// generation key in the same transaction (see releaseGenOps and TakeOver),
+// so as long as the key still has mod revision genRev, each of those names
+// is still attached to the lease with its token.
+type verified struct {
+	// genRev is the mod revision the generation key was last seen with; 0:
+	// not known to exist.
+	genRev int64
+	// names maps each verified name to its token (the key's create
+	// revision), verified at genRev; nil: none.
+	names map[string]leasecore.Token
+}
+
+// covers reports whether every grant of gs has TTL ttl and is a verified
+// name with its token.
+func (v *verified) covers(gs []leasecore.Grant, ttl time.Duration) bool {
+	if v.genRev == 0 || v.names == nil {
+		return false
+	}
+	for _, g := range gs {
+		if token, ok := v.names[g.Name]; !ok || token != g.Token || g.TTL != ttl {
+			return false
+		}
+	}
+	return true
+}
+
+// recordVerified records names as verified on sl's etcd lease id at
+// generation key revision genRev, if id is still sl's lease: added to the
+// names verified at the same revision, or replacing the names of another
+// revision.
+func (s *LeaseStore) recordVerified(sl *sharedLease, id clientv3.LeaseID, genRev int64, names map[string]leasecore.Token) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl.id != id {
+		return
+	}
+	if sl.ver.genRev == genRev && sl.ver.names != nil {
+		maps.Copy(sl.ver.names, names)
+		return
+	}
+	sl.ver = verified{genRev: genRev, names: names}
+}
+
+// forgetVerified drops the names verified on sl's etcd lease id, if id is
+// still sl's lease, and records that its generation key was last seen with
+// mod revision genRev (0: missing).
+func (s *LeaseStore) forgetVerified(sl *sharedLease, id clientv3.LeaseID, genRev int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sl.id == id {
+		sl.ver = verified{genRev: genRev}
+	}
+}
+
+// holderGensGone forgets everything verified about holder's shared leases:
+// a transaction deleted all of holder's generation keys.
+func (s *LeaseStore) holderGensGone(holder string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, sl := range s.pool {
+		if k.holder == holder {
+			sl.ver = verified{}
+		}
+	}
 }
 
 // isClosed reports whether Close was called.
@@ -94,7 +169,7 @@ func (s *LeaseStore) sharedGone(id clientv3.LeaseID) {
 	defer s.mu.Unlock()
 	for _, sl := range s.pool {
 		if sl.id == id {
-			sl.id = 0
+			sl.id, sl.ver = 0, verified{}
 		}
 	}
 }
@@ -164,7 +239,7 @@ func (s *LeaseStore) sharedLease(ctx context.Context, op string, sl *sharedLease
 		s.revoke(ctx, lg.ID)
 		return 0, time.Time{}, fmt.Errorf("%s: %s: %w", pkg, op, ErrStoreClosed)
 	}
-	sl.id, sl.refreshed = lg.ID, start
+	sl.id, sl.refreshed, sl.ver = lg.ID, start, verified{}
 	s.mu.Unlock()
 	return lg.ID, start, nil
 }
@@ -242,6 +317,11 @@ func (s *LeaseStore) noteRev(rev int64) {
 // left alone (only a concurrent acquire of the same name by the same holder
 // on this store could be mistaken for ours). ctx may be why we are
 // cleaning up, so it is not used for the deadline.
+//
+// Unlike Release and TakeOver it leaves the holder's generation keys alone
+// (see RenewAll): the key's token, its create revision, was never returned
+// to anyone — the acquire that made it failed — so no grant of it exists
+// for a RenewAll to have verified, and no store remembers it.
 func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id clientv3.LeaseID, before int64) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
@@ -251,6 +331,80 @@ func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id cli
 			clientv3.Compare(clientv3.CreateRevision(key), ">", before)).
 		Then(clientv3.OpDelete(key)).
 		Commit()
+}
+
+// releaseGen is the operation on the holder's generation keys in a
+// shared-mode Release's transaction (see releaseGen), and what the store
+// knew when it was made.
+type releaseGen struct {
+	op     clientv3.Op
+	sl     *sharedLease     // nil: op deletes every generation key of the holder
+	id     clientv3.LeaseID // sl's etcd lease
+	genRev int64            // its generation key's mod revision as last seen, or 0
+}
+
+// releaseGen returns the operation a shared-mode Release of g (whose lease
+// key is key) runs beside the delete of key, in the same transaction, so
+// that no store's RenewAll keeps reporting g's name renewed on its fast
+// path: when the key is attached to this store's shared lease id for
+// (g.Holder, g.TTL) and the lease's generation key still has the mod
+// revision the store last saw (or, not seen yet, exists), a rewrite of that
+// generation key (its lease is alive: the key attached to it exists);
+// otherwise a delete of all of the holder's generation keys, which every
+// store of the holder sees at its next RenewAll. The compares run on the
+// state before the transaction, the key included.
+func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGen {
+	prefix := s.layout.HolderGenPrefix(g.Holder)
+	delAll := clientv3.OpDelete(prefix, clientv3.WithPrefix())
+	s.mu.Lock()
+	sl := s.pool[sharedKey{g.Holder, g.TTL}]
+	var (
+		id     clientv3.LeaseID
+		genRev int64
+	)
+	if sl != nil {
+		id, genRev = sl.id, sl.ver.genRev
+	}
+	s.mu.Unlock()
+	if id == 0 {
+		return releaseGen{op: delAll}
+	}
+	gen := s.layout.HolderGen(g.Holder, int64(id))
+	same := clientv3.Compare(clientv3.ModRevision(gen), "=", genRev)
+	if genRev == 0 {
+		same = clientv3.Compare(clientv3.CreateRevision(gen), ">", 0)
+	}
+	return releaseGen{
+		op: clientv3.OpTxn(
+			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", id), same},
+			[]clientv3.Op{clientv3.OpPut(gen, "", clientv3.WithLease(id))},
+			[]clientv3.Op{delAll}),
+		sl: sl, id: id, genRev: genRev,
+	}
+}
+
+// releasedGen updates what the store verified after the Release of g,
+// whose transaction resp ran gen.op: g's name is no longer verified; when
+// the generation key was rewritten from the revision the names were
+// verified at, they stay verified at its new revision (nothing else of the
+// holder's on that lease was removed between: the compare saw the old
+// revision); when all generation keys of the holder were deleted, nothing of
+// the holder's stays verified.
+func (s *LeaseStore) releasedGen(g leasecore.Grant, gen releaseGen, resp *clientv3.TxnResponse) {
+	if gen.sl == nil || !resp.Responses[1].GetResponseTxn().GetSucceeded() {
+		s.holderGensGone(g.Holder)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := gen.sl
+	if sl.id != gen.id {
+		return
+	}
+	delete(sl.ver.names, g.Name)
+	if sl.ver.genRev == gen.genRev {
+		sl.ver.genRev = resp.Header.Revision
+	}
 }
 
 // closeParallel bounds the revocations Close sends at once.
@@ -285,7 +439,7 @@ func (s *LeaseStore) Close() error {
 	for _, sl := range s.pool {
 		if sl.id != 0 {
 			ids = append(ids, sl.id)
-			sl.id = 0
+			sl.id, sl.ver = 0, verified{}
 		}
 	}
 	s.mu.Unlock()
