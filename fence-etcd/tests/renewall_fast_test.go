@@ -1,0 +1,488 @@
+package fenceetcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	"github.com/leasefence/leasefence/conformance/backendtest"
+	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
+	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// RenewAll in shared mode: after one full check (a read of every name's
+// key), a RenewAll of the same grants reads one generation key and sends
+// one keep-alive; every release or take-over of one of the holder's names,
+// through any store, brings the full check back, so a name reported
+// renewed is still attached to the holder's etcd lease with its token.
+
+// acquireN acquires names prefix-0 .. prefix-(n-1) for holder on s.
+func acquireN(t *testing.T, s *fenceetcd.LeaseStore, prefix, holder string, n int, ttl time.Duration) []leasecore.Grant {
+	t.Helper()
+	gs := make([]leasecore.Grant, n)
+	for i := range gs {
+		g, err := s.Acquire(context.Background(), fmt.Sprintf("%s-%d", prefix, i), holder, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = g
+	}
+	return gs
+}
+
+// renewAllCalls runs s.RenewAll(gs), checks the gRPC calls it made (rc
+// counts the calls of s's client; "" skips the check) and that every grant
+// is renewed with its token and a Start within the call, except those of
+// lostAt, which must be lost with leasecore.ErrLost and the reason given.
+func renewAllCalls(t *testing.T, s *fenceetcd.LeaseStore, rc *rpcCounter, gs []leasecore.Grant, wantCalls string, lostAt map[int]string) []leasecore.Grant {
+	t.Helper()
+	rc.take()
+	before := time.Now()
+	renewed, lost, err := s.RenewAll(context.Background(), gs)
+	after := time.Now()
+	if err != nil {
+		t.Fatalf("RenewAll: %v", err)
+	}
+	if got := rc.take(); wantCalls != "" && got != wantCalls {
+		t.Errorf("RenewAll of %d grants: calls %q, want %q", len(gs), got, wantCalls)
+	}
+	if len(renewed) != len(gs) || len(lost) != len(gs) {
+		t.Fatalf("RenewAll: %d renewed, %d lost for %d grants", len(renewed), len(lost), len(gs))
+	}
+	for i, g := range gs {
+		if reason, ok := lostAt[i]; ok {
+			if renewed[i] != (leasecore.Grant{}) {
+				t.Errorf("grant %d (%s): renewed %+v, want it lost", i, g.Name, renewed[i])
+			}
+			backendtest.WantHold(t, lost[i], leasecore.ErrLost, "renew", reason)
+			if he := holdErr(lost[i]); he.Name != g.Name || he.Token != g.Token || he.Holder != g.Holder {
+				t.Errorf("grant %d: %+v", i, he)
+			}
+			continue
+		}
+		r := renewed[i]
+		if lost[i] != nil || r.Name != g.Name || r.Holder != g.Holder || r.Token != g.Token || r.TTL != g.TTL ||
+			r.Start.Before(before) || r.Start.After(after) || r.Space == "" {
+			t.Errorf("grant %d (%s): renewed %+v, lost %v; want it renewed with token %d, Start within [%v, %v]",
+				i, g.Name, r, lost[i], g.Token, before, after)
+		}
+	}
+	return renewed
+}
+
+// without returns gs without the grants at the given indexes.
+func without(gs []leasecore.Grant, drop ...int) []leasecore.Grant {
+	var out []leasecore.Grant
+next:
+	for i, g := range gs {
+		for _, d := range drop {
+			if i == d {
+				continue next
+			}
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// TestRenewAllFastPathOneGetOneKeepAlive: the first RenewAll of 200 names
+// reads every key (2 transactions, the first also creates the generation
+// key); the next ones send one Range (the generation key) and one
+// keep-alive, and reset the etcd lease's TTL all the same.
+func TestRenewAllFastPathOneGetOneKeepAlive(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	const ttl = 5 * time.Second
+	gs := acquireN(t, s, "shard", "holder-a", 200, ttl)
+	id := f.leaseOf(t, gs[0].Name)
+
+	renewAllCalls(t, s, rc, gs, "Txn Txn LeaseKeepAlive", nil)
+	if got := f.attached(t, id); got != len(gs)+1 {
+		t.Errorf("etcd lease %x carries %d keys, want the %d names and the generation key", id, got, len(gs))
+	}
+	for round := range 3 {
+		time.Sleep(1100 * time.Millisecond) // let the TTL run down, to see it reset
+		renewed := renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+		if ttlResp, err := f.cli.TimeToLive(context.Background(), id); err != nil || ttlResp.TTL < 4 {
+			t.Fatalf("round %d: etcd lease after RenewAll: %+v, %v; want its TTL reset", round, ttlResp, err)
+		}
+		for i := range renewed {
+			if !renewed[i].Start.Equal(renewed[0].Start) {
+				t.Fatalf("round %d: grant %d Start %v, grant 0 %v: want the one keep-alive's", round, i, renewed[i].Start, renewed[0].Start)
+			}
+		}
+		gs = renewed
+	}
+
+	// A subset of the verified names is on the fast path too.
+	renewAllCalls(t, s, rc, gs[10:20], "Range LeaseKeepAlive", nil)
+}
+
+// TestRenewAllFastPathMissesRawDelete shows the documented limitation, and
+// with it that the fast path reads no name's key: a key deleted by hand
+// (a raw delete, not Release or TakeOver) is still reported renewed, until
+// the holder's generation keys are deleted by hand too — then the next
+// RenewAll checks every name and reports it lost.
+func TestRenewAllFastPathMissesRawDelete(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 5, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+
+	if resp, err := f.cli.Delete(ctx, f.layout(t).Lease(gs[2].Name)); err != nil || resp.Deleted != 1 {
+		t.Fatalf("raw delete: %+v, %v", resp, err)
+	}
+	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil) // the limitation
+
+	prefix := f.layout(t).HolderGenPrefix("holder-a")
+	if resp, err := f.cli.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil || resp.Deleted != 1 {
+		t.Fatalf("delete of %s: %+v, %v; want the one generation key deleted", prefix, resp, err)
+	}
+	renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{2: "no such lease (expired or released)"})
+	renewAllCalls(t, s, rc, without(gs, 2), "Range LeaseKeepAlive", nil)
+}
+
+// TestRenewAllFastReleaseThroughOtherStore: the holder releases one name
+// through another store (another client): the first store's next RenewAll
+// reports that name lost and the others renewed, and its fast path comes
+// back for the names it still holds.
+func TestRenewAllFastReleaseThroughOtherStore(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 10, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	gs = renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+
+	if err := other.Release(ctx, gs[3]); err != nil {
+		t.Fatal(err)
+	}
+	// One Range finds the generation key gone, then the full check.
+	renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{3: "no such lease (expired or released)"})
+	rest := renewAllCalls(t, s, rc, without(gs, 3), "Range LeaseKeepAlive", nil)
+
+	// A name the other store acquired for the holder (on its own shared
+	// lease) and released again is no concern of the first store's, but
+	// its release still sends the first store back to the full check.
+	g, err := other.Acquire(ctx, "elsewhere", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	renewAllCalls(t, s, rc, rest, "Range Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, rest, "Range LeaseKeepAlive", nil)
+}
+
+// TestRenewAllFastReleaseThroughSameStore: a Release through the store that
+// verified the names rewrites the generation key and keeps the others on
+// the fast path; the released name's grant is lost, and a RenewAll with it
+// runs the full check.
+func TestRenewAllFastReleaseThroughSameStore(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 6, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+
+	rc.take()
+	if err := s.Release(ctx, gs[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.take(); got != "Txn" {
+		t.Errorf("shared Release: calls %q, want one Txn", got)
+	}
+	renewAllCalls(t, s, rc, without(gs, 1), "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", map[int]string{1: "no such lease (expired or released)"})
+
+	// Two releases in a row, the second of a name acquired again (a new
+	// token): still the fast path for the rest.
+	again, err := s.Acquire(ctx, gs[1].Name, "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs[1] = again
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	if err := s.Release(ctx, gs[4]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Release(ctx, gs[1]); err != nil {
+		t.Fatal(err)
+	}
+	renewAllCalls(t, s, rc, without(gs, 1, 4), "Range LeaseKeepAlive", nil)
+}
+
+// TestRenewAllFastTakeOver: an operator's TakeOver of one name (through
+// another store) makes the holder's next RenewAll report it lost, and the
+// other names renewed.
+func TestRenewAllFastTakeOver(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 8, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+
+	sharedOp := sharedStore(t, f, etcdtest.Client(t))
+	defer sharedOp.Close()
+	for _, op := range []*fenceetcd.LeaseStore{f.leases, sharedOp} {
+		taken, prev, err := op.TakeOver(ctx, gs[2].Name, "operator", time.Minute)
+		if err != nil || prev.Holder != "holder-a" || prev.Token != gs[2].Token {
+			t.Fatalf("TakeOver (shared %v): %+v, %+v, %v", op.Shared(), taken, prev, err)
+		}
+		renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{
+			2: fmt.Sprintf(`token %d was superseded by token %d (holder "operator")`, gs[2].Token, taken.Token)})
+		if st, err := f.leases.Inspect(ctx, gs[2].Name); err != nil || st.Holder != "operator" || st.Token != taken.Token {
+			t.Fatalf("after the holder's RenewAll: %+v, %v", st, err)
+		}
+		if err := op.Release(ctx, taken); err != nil {
+			t.Fatal(err)
+		}
+		// The holder acquires it back; one full check, then the fast
+		// path again.
+		if gs[2], err = s.Acquire(ctx, gs[2].Name, "holder-a", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+		renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	}
+}
+
+// TestRenewAllFastExpiry: when the shared etcd lease expires every name is
+// lost, and the generation key went with the lease; when it goes between
+// the fast path's read of the generation key and its keep-alive, every name
+// is lost as "expired", and the next acquire grants a new lease.
+func TestRenewAllFastExpiry(t *testing.T) {
+	t.Run("expired", func(t *testing.T) {
+		f := newFixture(t)
+		cli, rc := countingClient(t)
+		s := sharedStore(t, f, cli)
+		defer s.Close()
+		gs := acquireN(t, s, "shard", "holder-a", 4, 2*time.Second)
+		renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+		renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+		waitGone(t, f, gs[0].Name)
+		if snap := f.snapshot(t); snap != "0 keys\n" {
+			t.Fatalf("after expiry:\n%s\nwant no key (the generation key goes with the lease)", snap)
+		}
+		gone := map[int]string{}
+		for i := range gs {
+			gone[i] = "no such lease (expired or released)"
+		}
+		renewAllCalls(t, s, rc, gs, "Range Txn", gone)
+		renewAllCalls(t, s, rc, gs, "Txn", gone)
+	})
+
+	t.Run("between the read and the keep-alive", func(t *testing.T) {
+		f := newFixture(t)
+		var revokeAfterGenRead atomic.Bool
+		var id atomic.Int64
+		var rc rpcCounter
+		cli, err := clientv3.New(clientv3.Config{
+			Endpoints:   etcdtest.Server(t).Endpoints(),
+			Logger:      zap.NewNop(),
+			DialTimeout: 30 * time.Second,
+			DialOptions: []grpc.DialOption{
+				grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+					cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+					rc.record(method)
+					err := invoker(ctx, method, req, reply, cc, opts...)
+					k, ok := req.(interface{ GetKey() []byte })
+					if err == nil && ok && strings.Contains(string(k.GetKey()), "/holdergen/") &&
+						strings.HasSuffix(method, "/Range") && revokeAfterGenRead.CompareAndSwap(true, false) {
+						if _, err := f.cli.Revoke(ctx, clientv3.LeaseID(id.Load())); err != nil {
+							return fmt.Errorf("test revoke: %w", err)
+						}
+					}
+					return err
+				}),
+				grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+					method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+					rc.record(method)
+					return streamer(ctx, desc, cc, method, opts...)
+				}),
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cli.Close()
+		s := sharedStore(t, f, cli)
+		defer s.Close()
+		gs := acquireN(t, s, "shard", "holder-a", 4, time.Minute)
+		id.Store(int64(f.leaseOf(t, gs[0].Name)))
+		renewAllCalls(t, s, &rc, gs, "Txn LeaseKeepAlive", nil)
+		revokeAfterGenRead.Store(true)
+		expired := map[int]string{}
+		for i := range gs {
+			expired[i] = "expired"
+		}
+		renewAllCalls(t, s, &rc, gs, "Range LeaseKeepAlive", expired)
+		if revokeAfterGenRead.Load() {
+			t.Fatal("the fast path did not read the generation key")
+		}
+		// The store forgot the lease: the next acquire grants another.
+		rc.take()
+		g, err := s.Acquire(context.Background(), "after", "holder-a", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rc.take(); got != "LeaseGrant Txn" {
+			t.Errorf("acquire after the lease was found gone: calls %q, want %q", got, "LeaseGrant Txn")
+		}
+		renewAllCalls(t, s, &rc, []leasecore.Grant{g}, "Txn LeaseKeepAlive", nil)
+		renewAllCalls(t, s, &rc, []leasecore.Grant{g}, "Range LeaseKeepAlive", nil)
+	})
+}
+
+// TestRenewAllFastNewGrant: a grant the last full check did not see (its
+// name acquired since, or released and acquired again with a new token)
+// takes the full path, with correct results, and the fast path comes back
+// after it. Grants of two TTLs always take the full path.
+func TestRenewAllFastNewGrant(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 5, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+
+	// Acquired since: the full check (no Range first), then fast.
+	g, err := s.Acquire(ctx, "new", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs = append(gs, g)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+
+	// A stale grant of a verified name: released through another store
+	// and acquired again; the old grant is lost, the new one renewed.
+	old := gs[0]
+	if err := other.Release(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if gs[0], err = s.Acquire(ctx, old.Name, "holder-a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	renewAllCalls(t, s, rc, append([]leasecore.Grant{old}, gs[1:]...), "Range Txn LeaseKeepAlive",
+		map[int]string{0: fmt.Sprintf(`token %d was superseded by token %d (holder "holder-a")`, old.Token, gs[0].Token)})
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+
+	// A name of the holder on another store's lease (verified nowhere
+	// here): full check, each time.
+	og, err := other.Acquire(ctx, "on-other", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		renewAllCalls(t, s, rc, append(gs, og), "Txn LeaseKeepAlive LeaseKeepAlive", nil)
+	}
+
+	// Two TTLs: the full check each time, both leases kept alive.
+	long := acquireN(t, s, "long", "holder-a", 2, 2*time.Minute)
+	for range 2 {
+		renewAllCalls(t, s, rc, append(gs, long...), "Txn LeaseKeepAlive LeaseKeepAlive", nil)
+	}
+	renewAllCalls(t, s, rc, long, "Range LeaseKeepAlive", nil)
+}
+
+// TestRenewAllFastConcurrent: RenewAll, Release, Acquire and another
+// store's release run at once on one store (run with -race); afterwards a
+// RenewAll reports exactly the names that are still the holder's.
+func TestRenewAllFastConcurrent(t *testing.T) {
+	f := newFixture(t)
+	s := sharedStore(t, f, f.cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	const n = 40
+	gs := acquireN(t, s, "shard", "holder-a", n, time.Minute)
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for range 3 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, _, err := s.RenewAll(ctx, gs); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	released := make([]bool, n)
+	for i := range n / 2 {
+		store := s
+		if i%3 == 0 {
+			store = other
+		}
+		if err := store.Release(ctx, gs[2*i]); err != nil {
+			t.Fatal(err)
+		}
+		released[2*i] = true
+		if _, err := s.Acquire(ctx, fmt.Sprintf("extra-%d", i), "holder-a", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+
+	for range 2 { // the same answers twice, whichever path each takes
+		renewed, lost, err := s.RenewAll(ctx, gs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range gs {
+			switch {
+			case released[i] && (lost[i] == nil || !errors.Is(lost[i], leasecore.ErrLost)):
+				t.Fatalf("released grant %d: renewed %+v, lost %v", i, renewed[i], lost[i])
+			case !released[i] && (lost[i] != nil || renewed[i].Token != gs[i].Token):
+				t.Fatalf("held grant %d: renewed %+v, lost %v", i, renewed[i], lost[i])
+			}
+		}
+		var held []leasecore.Grant
+		for i, g := range gs {
+			if !released[i] {
+				held = append(held, g)
+			}
+		}
+		gs, released = held, make([]bool, len(held))
+	}
+}
