@@ -55,7 +55,10 @@ var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
 //     expiry of its own, now() + ttl, that nobody renews (the caller has
 //     no grant to renew), so it is free again within ttl, its token never
 //     reused. Until then it reads as held and acquiring it is refused with
-//     ErrHeld, as after such an Acquire.
+//     ErrHeld, as after such an Acquire. The same holds for a lost answer
+//     that database/sql answered by sending the statement again (lib/pq):
+//     the second execution finds the first one's rows, and their names
+//     come back refused with ErrHeld, as a resent Acquire's does.
 func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []leasecore.Grant, errs []error, err error) {
 	const op = "acquire all"
 	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
