@@ -328,7 +328,7 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	}
 	key := s.layout.Lease(g.Name)
 	var then []clientv3.Op
-	var gen releaseGen
+	var gen releaseGenOp
 	if s.shared {
 		gen = s.releaseGen(key, g)
 		then = []clientv3.Op{clientv3.OpDelete(key), gen.op}

@@ -58,9 +58,10 @@ type sharedLease struct {
 // (etcdkv.Layout.HolderGen), and the names whose keys it found attached to
 // the lease, with the holder, at the same revision or a later one. Every
 // removal of such a key through this package changes or deletes the
-// generation key in the same transaction (see releaseGenOps and TakeOver),
-// so as long as the key still has mod revision genRev, each of those names
-// is still attached to the lease with its token.
+// generation key in the same transaction (see releaseGen, Release and
+// TakeOver; the lessor's revoke deletes it with the lease), so as long as
+// the key still has mod revision genRev, each of those names is still
+// attached to the lease with its token.
 type verified struct {
 	// genRev is the mod revision the generation key was last seen with; 0:
 	// not known to exist.
@@ -333,10 +334,10 @@ func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id cli
 		Commit()
 }
 
-// releaseGen is the operation on the holder's generation keys in a
+// releaseGenOp is the operation on the holder's generation keys in a
 // shared-mode Release's transaction (see releaseGen), and what the store
 // knew when it was made.
-type releaseGen struct {
+type releaseGenOp struct {
 	op     clientv3.Op
 	sl     *sharedLease     // nil: op deletes every generation key of the holder
 	id     clientv3.LeaseID // sl's etcd lease
@@ -353,7 +354,7 @@ type releaseGen struct {
 // otherwise a delete of all of the holder's generation keys, which every
 // store of the holder sees at its next RenewAll. The compares run on the
 // state before the transaction, the key included.
-func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGen {
+func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGenOp {
 	prefix := s.layout.HolderGenPrefix(g.Holder)
 	delAll := clientv3.OpDelete(prefix, clientv3.WithPrefix())
 	s.mu.Lock()
@@ -367,14 +368,14 @@ func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGen {
 	}
 	s.mu.Unlock()
 	if id == 0 {
-		return releaseGen{op: delAll}
+		return releaseGenOp{op: delAll}
 	}
 	gen := s.layout.HolderGen(g.Holder, int64(id))
 	same := clientv3.Compare(clientv3.ModRevision(gen), "=", genRev)
 	if genRev == 0 {
 		same = clientv3.Compare(clientv3.CreateRevision(gen), ">", 0)
 	}
-	return releaseGen{
+	return releaseGenOp{
 		op: clientv3.OpTxn(
 			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", id), same},
 			[]clientv3.Op{clientv3.OpPut(gen, "", clientv3.WithLease(id))},
@@ -390,7 +391,7 @@ func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGen {
 // holder's on that lease was removed between: the compare saw the old
 // revision); when all generation keys of the holder were deleted, nothing of
 // the holder's stays verified.
-func (s *LeaseStore) releasedGen(g leasecore.Grant, gen releaseGen, resp *clientv3.TxnResponse) {
+func (s *LeaseStore) releasedGen(g leasecore.Grant, gen releaseGenOp, resp *clientv3.TxnResponse) {
 	if gen.sl == nil || !resp.Responses[1].GetResponseTxn().GetSucceeded() {
 		s.holderGensGone(g.Holder)
 		return
