@@ -280,21 +280,29 @@ SELECT '', false, '', 0::bigint, false, false, false, false, false, 0::bigint,
 // The rows are locked in one ordered pass (FOR UPDATE, as every statement
 // of the mode that locks several session rows; see Locks above), which
 // re-checks the conditions on each row's latest version; the UPDATE then
-// changes exactly the versions it locked. One statement, one durable
+// changes exactly the versions it locked, found by primary key (holder =
+// ANY of the locked holders, an index condition). The lock sits in a LATERAL
+// subquery, one primary-key probe per input row in the input's order: a
+// subquery with a locking clause is never flattened into a join, and as a
+// join the planner, which guesses 100 rows for json_to_recordset, hashed
+// the input and scanned the whole table (2.6 ms with 10,000 sessions, where
+// the probes take microseconds). One statement, one durable
 // commit, for every holder in $1: the fencepg.LeaseStore gathers the fast
 // renewals that its concurrent RenewAll calls want while one is running.
 const RenewSessionsGeneration = `WITH input AS (
   SELECT * FROM json_to_recordset($1::json) AS i(holder text, ttl_us bigint, session_id uuid, generation bigint)
 ), locked AS (
-  SELECT s.holder, s.ttl_us FROM leasefence.holder_session s
-    JOIN input i ON s.holder = i.holder AND s.ttl_us = i.ttl_us
-   WHERE s.session_id = i.session_id AND s.generation = i.generation AND s.expires_at > now()
-   ORDER BY s.holder, s.ttl_us
-   FOR UPDATE OF s
+  SELECT l.holder, l.ttl_us
+    FROM (SELECT * FROM input ORDER BY holder, ttl_us) AS i
+   CROSS JOIN LATERAL (
+     SELECT s.holder, s.ttl_us FROM leasefence.holder_session s
+      WHERE s.holder = i.holder AND s.ttl_us = i.ttl_us AND s.session_id = i.session_id
+        AND s.generation = i.generation AND s.expires_at > now()
+        FOR UPDATE) AS l
 )
 UPDATE leasefence.holder_session s SET expires_at = now() + s.ttl_us * interval '1 microsecond'
-  FROM (SELECT DISTINCT holder, ttl_us FROM locked) AS l
- WHERE s.holder = l.holder AND s.ttl_us = l.ttl_us AND ` + DurableCommit + `
+ WHERE s.holder = ANY (ARRAY(SELECT holder FROM locked))
+   AND (s.holder, s.ttl_us) IN (SELECT holder, ttl_us FROM locked) AND ` + DurableCommit + `
 RETURNING s.holder, s.ttl_us, s.session_id::text, s.generation`
 
 // TakeOverSession is TakeOver for a store with holder sessions: the name
