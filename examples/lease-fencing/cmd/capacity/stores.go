@@ -15,10 +15,12 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// leaseAPI is what a SessionSet needs of a lease store.
+// leaseAPI is what a SessionSet needs of a lease store, and the batch
+// acquire its AcquireAll uses when the store has it (both backends do).
 type leaseAPI interface {
 	leasecore.Lease
 	leasecore.BatchRenewer
+	leasecore.BatchAcquirer
 }
 
 // backendConfig says which lease service a process talks to, and how.
@@ -117,15 +119,34 @@ func satHolderName(c int) string                    { return fmt.Sprintf("sat%02
 func satLeaseName(c, n int) string                  { return fmt.Sprintf("sat%02d-n%03d", c, n) }
 func renewInterval(ttl time.Duration) time.Duration { return ttl / 3 }
 
-// acquireRetry acquires name through the set, trying again (up to 5 times,
-// 100 ms apart) on errors other than ErrHeld: a busy server's timeouts are
-// part of the setup's cost, not a reason to give up.
-func acquireRetry(ctx context.Context, set *leasecore.SessionSet, name string) (retries int, err error) {
+// acquireAllRetry acquires names through the set with AcquireAll, trying
+// the names not granted again (up to 5 times, 100 ms apart) on errors
+// other than ErrHeld: a busy server's timeouts are part of the setup's
+// cost, not a reason to give up. It returns how many names the set holds
+// in the end, and the last error of a name it does not hold.
+func acquireAllRetry(ctx context.Context, set *leasecore.SessionSet, names []string) (held, retries int, err error) {
+	todo := names
 	for attempt := 0; ; attempt++ {
-		_, err = set.Acquire(ctx, name)
-		if err == nil || errors.Is(err, leasecore.ErrHeld) || attempt == 4 || ctx.Err() != nil {
-			return attempt, err
+		_, errs, callErr := set.AcquireAll(ctx, todo)
+		var again []string
+		err = callErr
+		for i, name := range todo {
+			switch {
+			case callErr != nil:
+				again = append(again, name)
+			case errs[i] == nil:
+				held++
+			case errors.Is(errs[i], leasecore.ErrHeld):
+				err = errs[i]
+			default:
+				err = errs[i]
+				again = append(again, name)
+			}
 		}
+		if len(again) == 0 || attempt == 4 || ctx.Err() != nil {
+			return held, attempt, err
+		}
+		todo = again
 		time.Sleep(100 * time.Millisecond)
 	}
 }
