@@ -171,6 +171,11 @@ func WithPrefix(prefix string) Option {
 // local deadline up to TTL/3 later than it should be, possibly after the
 // key's real expiry; use Grant.Start as returned, or a margin of at least
 // TTL/3.
+//
+// RenewAll of names the store has checked before usually costs one Get of
+// the holder's generation key and one keep-alive (see RenewAll). Delete
+// lease keys only through Release or TakeOver: a key deleted by hand is
+// reported renewed by RenewAll until the holder's next full check.
 func WithSharedLeases() Option {
 	return func(o *etcdkv.Options) { o.SharedLeases = true }
 }
