@@ -80,11 +80,7 @@ const AcquireAllNewSession = `WITH input AS (
   INSERT INTO leasefence.holder_session AS s (holder, ttl_us, session_id, expires_at)
   SELECT $2::text, $3::bigint, gen_random_uuid(), now() + $3::bigint * interval '1 microsecond'
    WHERE EXISTS (SELECT FROM input) AND ` + DurableCommit + `
-  ON CONFLICT (holder, ttl_us) DO UPDATE
-     SET session_id = CASE WHEN s.expires_at > now() THEN s.session_id ELSE EXCLUDED.session_id END,
-         expires_at = EXCLUDED.expires_at
-  RETURNING s.session_id
-), granted AS (
+` + refreshSession + `), granted AS (
   INSERT INTO leasefence.lease AS l (name, holder, token, expires_at, session_id, acquire_id)
   SELECT input.name, $2::text, 1, 'infinity', sess.session_id, $4::bigint
     FROM input, sess

@@ -45,6 +45,21 @@ package pgsql
 // transactions waiting for that very row — waiting for it: a deadlock too.
 // With the strongest lock taken first there is nothing to strengthen.
 
+// refreshSession ends the INSERT of a holder's session row (alias s) by
+// the statements that grant names on it (AcquireSession, AcquireAllNewSession,
+// TakeOverSession): an unexpired session is extended (the inserted row's
+// expires_at, now() + TTL) and keeps its session_id; an expired one starts
+// anew with the inserted row's fresh session_id, so that the names of the
+// old session never come back. It returns the session_id the grant hangs
+// its names on. The generation is left as it was: it only counts names
+// leaving a session (see schema/lease.sql), and a new session_id already
+// tells every store's fast renewal that its names are gone.
+const refreshSession = `  ON CONFLICT (holder, ttl_us) DO UPDATE
+     SET session_id = CASE WHEN s.expires_at > now() THEN s.session_id ELSE EXCLUDED.session_id END,
+         expires_at = EXCLUDED.expires_at
+  RETURNING s.session_id
+`
+
 // AcquireSession takes lease $1 for holder $2 on the holder's session of
 // TTL $3 microseconds, the attaching acquire named by the random id $4. It
 // returns one row: state, token, the holder found, the token space.
@@ -140,11 +155,7 @@ const AcquireSession = `WITH prev AS (
   INSERT INTO leasefence.holder_session AS s (holder, ttl_us, session_id, expires_at)
   SELECT $2::text, $3::bigint, gen_random_uuid(), now() + $3::bigint * interval '1 microsecond'
     FROM verdict WHERE verdict.state = 'free' AND ` + DurableCommit + `
-  ON CONFLICT (holder, ttl_us) DO UPDATE
-     SET session_id = CASE WHEN s.expires_at > now() THEN s.session_id ELSE EXCLUDED.session_id END,
-         expires_at = EXCLUDED.expires_at
-  RETURNING s.session_id
-), granted AS (
+` + refreshSession + `), granted AS (
   INSERT INTO leasefence.lease AS l (name, holder, token, expires_at, session_id, acquire_id)
   SELECT $1::text, $2::text, verdict.token + 1, 'infinity', sess.session_id, $4::bigint
     FROM verdict, sess
@@ -315,11 +326,7 @@ const TakeOverSession = `WITH ` + takeOverPrev + `, sess AS (
   SELECT $2::text, $3::bigint, gen_random_uuid(), now() + $3::bigint * interval '1 microsecond'
     FROM (SELECT 1) AS one LEFT JOIN prev ON true
    WHERE ` + DurableCommit + `
-  ON CONFLICT (holder, ttl_us) DO UPDATE
-     SET session_id = CASE WHEN s.expires_at > now() THEN s.session_id ELSE EXCLUDED.session_id END,
-         expires_at = EXCLUDED.expires_at
-  RETURNING s.session_id
-), taken AS (
+` + refreshSession + `), taken AS (
   INSERT INTO leasefence.lease AS l (name, holder, token, expires_at, session_id, acquire_id)
   SELECT $1::text, $2::text, 1, 'infinity', sess.session_id, NULL FROM sess
   ON CONFLICT (name) DO UPDATE
