@@ -135,7 +135,7 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 			// The transaction may have been applied: its keys would be
 			// held by this holder, who does not know it, and kept alive by
 			// every renewal of the holder's other names. Delete them again.
-			s.inParallel(len(keys), func(i int) { s.unputIfOurs(ctx, keys[i], holder, id, before) })
+			inParallel(len(keys), cleanupParallel, func(i int) { s.unputIfOurs(ctx, keys[i], holder, id, before) })
 			return false, etcdkv.MapError(ctx, pkg, op, err)
 		case !resp.Succeeded:
 			return false, nil // some key exists: name by name
@@ -157,17 +157,17 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 func (s *LeaseStore) giveBack(ctx context.Context, grants []leasecore.Grant, errs []error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	s.inParallel(len(grants), func(i int) {
+	inParallel(len(grants), cleanupParallel, func(i int) {
 		if errs[i] == nil && grants[i].Token != 0 {
 			_ = s.Release(rctx, grants[i])
 		}
 	})
 }
 
-// inParallel runs f(0), ..., f(n-1), at most cleanupParallel at once, and
-// returns when all have returned.
-func (s *LeaseStore) inParallel(n int, f func(i int)) {
-	sem := make(chan struct{}, cleanupParallel)
+// inParallel runs f(0), ..., f(n-1), at most limit at once, and returns
+// when all have returned.
+func inParallel(n, limit int, f func(i int)) {
+	sem := make(chan struct{}, limit)
 	var wg sync.WaitGroup
 	for i := range n {
 		sem <- struct{}{}

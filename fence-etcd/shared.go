@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -451,18 +450,11 @@ func (s *LeaseStore) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	errs := make([]error, len(ids))
-	sem := make(chan struct{}, closeParallel)
-	var wg sync.WaitGroup
-	for i, id := range ids {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			_, err := s.leases.Revoke(ctx, id)
-			if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				errs[i] = etcdkv.MapError(ctx, pkg, fmt.Sprintf("close: revoke shared lease %x", int64(id)), err)
-			}
-		})
-	}
-	wg.Wait()
+	inParallel(len(ids), closeParallel, func(i int) {
+		_, err := s.leases.Revoke(ctx, ids[i])
+		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			errs[i] = etcdkv.MapError(ctx, pkg, fmt.Sprintf("close: revoke shared lease %x", int64(ids[i])), err)
+		}
+	})
 	return errors.Join(errs...)
 }
