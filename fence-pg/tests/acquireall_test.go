@@ -11,11 +11,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
-	"github.com/leasefence/leasefence/fence-pg/pgconformance"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -390,16 +388,7 @@ func TestAcquireAllConcurrent(t *testing.T) {
 func TestAcquireAllLostAnswer(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		ctx := t.Context()
-		h, err := pgconformance.New(pgconformance.Config{Driver: driver, LeaseDSN: pgtest.CreateDB(t, "lease_lostall"),
-			ResourceDSN: pgtest.CreateDB(t, "res_lostall"), HolderSessions: true})(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		amb, loseNextAnswer, err := h.(conformance.AmbiguousOutcomes).AmbiguousLease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, amb, loseNextAnswer := ambiguousSessionHarness(t, driver, "lostall")
 		batch := amb.(leasecore.BatchAcquirer)
 		reader, err := h.OpenLease(ctx)
 		if err != nil {

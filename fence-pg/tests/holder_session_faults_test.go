@@ -171,16 +171,7 @@ func TestHolderSessionTokensAcrossCrash(t *testing.T) {
 func TestHolderSessionLostAcquireAnswer(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		ctx := t.Context()
-		h, err := pgconformance.New(pgconformance.Config{Driver: driver, LeaseDSN: pgtest.CreateDB(t, "lease_lost"),
-			ResourceDSN: pgtest.CreateDB(t, "res_lost"), HolderSessions: true})(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Close()
-		amb, loseNextAnswer, err := h.(conformance.AmbiguousOutcomes).AmbiguousLease(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		h, amb, loseNextAnswer := ambiguousSessionHarness(t, driver, "lost")
 		reader, err := h.OpenLease(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -782,4 +773,23 @@ func TestHolderSessionUndoRetried(t *testing.T) {
 	if err := store.Release(ctx, renewed); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// ambiguousSessionHarness opens a pgconformance harness with holder
+// sessions on fresh databases named after prefix (closed at the test's
+// end), and its lease store whose next answer loseNextAnswer loses.
+func ambiguousSessionHarness(t *testing.T, driver, prefix string) (h conformance.Harness, amb leasecore.Lease, loseNextAnswer func()) {
+	t.Helper()
+	ctx := t.Context()
+	h, err := pgconformance.New(pgconformance.Config{Driver: driver, LeaseDSN: pgtest.CreateDB(t, "lease_"+prefix),
+		ResourceDSN: pgtest.CreateDB(t, "res_"+prefix), HolderSessions: true})(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { h.Close() })
+	amb, loseNextAnswer, err = h.(conformance.AmbiguousOutcomes).AmbiguousLease(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h, amb, loseNextAnswer
 }
