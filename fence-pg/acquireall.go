@@ -68,14 +68,13 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 	if err != nil {
 		return nil, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
-	stmt, args, retry := pgsql.AcquireAllNew, []any{string(arg), holder, ttl.Microseconds()}, pgstore.RetrySerialization
+	stmt, args, retry := s.stmt.acquireAll, []any{string(arg), holder, ttl.Microseconds()}, pgstore.RetrySerialization
 	var id int64
 	if s.sessions {
 		s.undos.retry(ctx, s, holder)
 		id = rand.Int64() // names this batch's attachments; 63 random bits, as Acquire's
-		stmt, args, retry = pgsql.AcquireAllNewSession, append(args, id), pgstore.RetryConflicts
+		stmt, args, retry = s.sess.acquireAll, append(args, id), pgstore.RetryConflicts
 	}
-	stmt = pgsql.InSchema(stmt, s.schema)
 
 	// Read before sending, as Acquire does: the server starts each TTL (or
 	// the session's) only when it runs the statement.

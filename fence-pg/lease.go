@@ -78,7 +78,7 @@ import (
 type LeaseStore struct {
 	db     dbx.DB
 	schema string
-	stmt   struct{ acquire, renew, release, renewAll, inspect string }
+	stmt   struct{ acquire, acquireAll, renew, release, renewAll, inspect string }
 
 	// Holder sessions (WithHolderSessions).
 	sessions     bool
@@ -144,6 +144,7 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
+	s.stmt.acquireAll = in(pgsql.AcquireAllNew)
 	if s.sessions {
 		s.sess = newSessionStatements(in)
 	}

@@ -55,12 +55,12 @@ func (s *LeaseStore) HolderSessions() bool { return s.sessions }
 // sessionStatements are the holder-session statements in the store's
 // schema (internal/pgsql/session.go).
 type sessionStatements struct {
-	acquire, undo, renew, release, renewAll, renewGeneration, takeOver string
+	acquire, acquireAll, undo, renew, release, renewAll, renewGeneration, takeOver string
 }
 
 func newSessionStatements(in func(string) string) sessionStatements {
 	return sessionStatements{
-		acquire: in(pgsql.AcquireSession), undo: in(pgsql.UndoAcquireSession), renew: in(pgsql.RenewSession),
+		acquire: in(pgsql.AcquireSession), acquireAll: in(pgsql.AcquireAllNewSession), undo: in(pgsql.UndoAcquireSession), renew: in(pgsql.RenewSession),
 		release: in(pgsql.ReleaseSession), renewAll: in(pgsql.RenewAllSession),
 		renewGeneration: in(pgsql.RenewSessionsGeneration), takeOver: in(pgsql.TakeOverSession),
 	}
