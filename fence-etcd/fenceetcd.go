@@ -45,8 +45,11 @@
 //
 // # Round trips
 //
-// Uncontended, counted as gRPC calls (a KeepAliveOnce opens one short
-// stream, one request and one answer); TestRoundTrips checks them:
+// Uncontended, counted as gRPC calls; a keep-alive is one request and one
+// answer on the store's keep-alive stream, which the store opens on first
+// use and keeps open while used (etcd has no unary keep-alive; clientv3's
+// KeepAliveOnce opens a stream per call, which costs the server about as
+// much as the renewal). TestRoundTrips checks them:
 //
 //	                     per-acquire leases          shared leases
 //	Acquire              Grant + Txn                 Txn (+ Grant for a holder's first, or

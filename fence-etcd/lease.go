@@ -62,6 +62,7 @@ import (
 type LeaseStore struct {
 	kv      clientv3.KV
 	leases  clientv3.Lease
+	ka      *keepAliver      // the store's keep-alive stream
 	watcher clientv3.Watcher // WaitFree
 	layout  etcdkv.Layout
 	shared  bool // WithSharedLeases
@@ -100,7 +101,7 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
+	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
 	if s.shared {
 		s.pool = make(map[sharedKey]*sharedLease)
 	}
@@ -282,7 +283,7 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 	id := clientv3.LeaseID(resp.Kvs[0].Lease)
 	space := tokenSpace(resp.Header)
 	start := time.Now()
-	_, err = s.leases.KeepAliveOnce(ctx, id)
+	err = s.keepAlive(ctx, id)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		// Expired (or released) between the Get and the keep-alive.

@@ -160,7 +160,7 @@ func (s *LeaseStore) renewAllFast(ctx context.Context, op string, gs []leasecore
 	space := tokenSpace(resp.Header)
 	renewed = make([]leasecore.Grant, len(gs))
 	lost = make([]error, len(gs))
-	_, err = s.leases.KeepAliveOnce(ctx, id)
+	err = s.keepAlive(ctx, id)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		// Expired (or revoked) between the Get and the keep-alive, and
@@ -409,7 +409,7 @@ func (s *LeaseStore) keepAliveAll(ctx context.Context, ids []clientv3.LeaseID) (
 	results = make([]error, len(ids))
 	if len(ids) == 1 { // the shared-lease case: no goroutine
 		starts[0] = time.Now()
-		_, err := s.leases.KeepAliveOnce(ctx, ids[0])
+		err := s.keepAlive(ctx, ids[0])
 		if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil, nil, err
 		}
@@ -436,7 +436,7 @@ func (s *LeaseStore) keepAliveAll(ctx context.Context, ids []clientv3.LeaseID) (
 		wg.Go(func() {
 			defer func() { <-sem }()
 			starts[k] = time.Now()
-			_, err := s.leases.KeepAliveOnce(kctx, id)
+			err := s.keepAlive(kctx, id)
 			if err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				mu.Lock()
 				if firstErr == nil {

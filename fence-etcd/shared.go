@@ -208,7 +208,7 @@ func (s *LeaseStore) sharedLease(ctx context.Context, op string, sl *sharedLease
 			return id, refreshed, nil
 		case age < ttl:
 			start := time.Now() // before the request, as in Renew
-			_, err := s.leases.KeepAliveOnce(ctx, id)
+			err := s.keepAlive(ctx, id)
 			switch {
 			case err == nil:
 				s.mu.Lock()
@@ -443,6 +443,7 @@ func (s *LeaseStore) Close() error {
 		}
 	}
 	s.mu.Unlock()
+	s.ka.close() // later keep-alives (Renew after Close) open a stream each
 	if len(ids) == 0 {
 		return nil
 	}

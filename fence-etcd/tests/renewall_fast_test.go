@@ -320,11 +320,7 @@ func TestRenewAllFastExpiry(t *testing.T) {
 					}
 					return err
 				}),
-				grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
-					method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-					rc.record(method)
-					return streamer(ctx, desc, cc, method, opts...)
-				}),
+				grpc.WithChainStreamInterceptor(rc.streams),
 			},
 		})
 		if err != nil {

@@ -19,13 +19,52 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// rpcCounter records every gRPC call a client makes — unary calls and
-// stream opens (a KeepAliveOnce opens one stream, sends one request and
-// reads one answer) — by method name, in order. It sits inside etcd's own
-// retry interceptor, so a retried call counts every time it is sent.
+// rpcCounter records every gRPC call a client makes — unary calls, stream
+// opens, and each keep-alive sent on a LeaseKeepAlive stream (the store
+// keeps one stream open and sends its keep-alives on it; clientv3's
+// KeepAliveOnce opens a stream per keep-alive) — by method name, in order.
+// The opens of LeaseKeepAlive streams are counted apart, in kaStreams. It
+// sits inside etcd's own retry interceptor, so a retried call counts every
+// time it is sent.
 type rpcCounter struct {
-	mu    sync.Mutex
-	calls []string
+	mu        sync.Mutex
+	calls     []string
+	kaStreams int
+}
+
+// countedStream records each message sent on a LeaseKeepAlive stream.
+type countedStream struct {
+	grpc.ClientStream
+	rc *rpcCounter
+}
+
+func (s countedStream) SendMsg(m any) error {
+	s.rc.record("/LeaseKeepAlive")
+	return s.ClientStream.SendMsg(m)
+}
+
+// streams is the stream interceptor of a counted client.
+func (c *rpcCounter) streams(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+	method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if !strings.HasSuffix(method, "/LeaseKeepAlive") {
+		c.record(method)
+		return streamer(ctx, desc, cc, method, opts...)
+	}
+	c.mu.Lock()
+	c.kaStreams++
+	c.mu.Unlock()
+	st, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return countedStream{st, c}, nil
+}
+
+// keepAliveStreams returns how many LeaseKeepAlive streams were opened.
+func (c *rpcCounter) keepAliveStreams() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kaStreams
 }
 
 func (c *rpcCounter) record(method string) {
@@ -76,11 +115,7 @@ func countingClient(t *testing.T) (*clientv3.Client, *rpcCounter) {
 				rc.record(method)
 				return invoker(ctx, method, req, reply, cc, opts...)
 			}),
-			grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
-				method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-				rc.record(method)
-				return streamer(ctx, desc, cc, method, opts...)
-			}),
+			grpc.WithChainStreamInterceptor(rc.streams),
 		},
 	})
 	if err != nil {
@@ -313,8 +348,24 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 
+	// Every keep-alive above went on one stream per store (etcd's session
+	// has one more): a stream per keep-alive would be a dozen.
+	if got := rc.keepAliveStreams(); got != 3 {
+		t.Errorf("LeaseKeepAlive streams opened: %d, want 3 (the session's, and one per store)", got)
+	}
+
 	step("shared: Close (one holder, one TTL)", "LeaseRevoke", shared.Close)
 	step("per-acquire lease: Close", "", perAcquire.Close)
+
+	// After Close, a keep-alive (Renew keeps working) is a KeepAliveOnce:
+	// a stream of its own.
+	step("per-acquire lease: Renew after Close", "Range LeaseKeepAlive", func() (err error) {
+		_, err = perAcquire.Renew(ctx, pg[0])
+		return err
+	})
+	if got := rc.keepAliveStreams(); got != 4 {
+		t.Errorf("LeaseKeepAlive streams opened: %d, want 4 (Renew after Close opens one)", got)
+	}
 }
 
 func isHeld(err error) bool { return errors.Is(err, leasecore.ErrHeld) }

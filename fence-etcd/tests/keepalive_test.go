@@ -1,0 +1,99 @@
+package fenceetcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+
+	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
+	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
+	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// TestKeepAliveStream checks the store's one keep-alive stream: concurrent
+// renewals of many holders share it, callers whose ctx ends leave the
+// others' answers right, and after the server is killed and restarted a
+// renewal succeeds on a new stream.
+func TestKeepAliveStream(t *testing.T) {
+	srv := etcdtemp.StartTB(t)
+	rc := &rpcCounter{}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   srv.Endpoints(),
+		Logger:      zap.NewNop(),
+		DialTimeout: 30 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(rc.streams)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdtest.Prefix()), fenceetcd.WithSharedLeases())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	const holders = 32
+	gs := make([]leasecore.Grant, holders)
+	for i := range gs {
+		if gs[i], err = s.Acquire(ctx, fmt.Sprintf("name-%d", i), fmt.Sprintf("holder-%d", i), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Every other caller gives up at once; the rest must each get their
+	// own answer (a mismatch would break the stream and fail them).
+	for round := range 20 {
+		var wg sync.WaitGroup
+		errs := make([]error, holders)
+		for i := range gs {
+			wg.Go(func() {
+				rctx := ctx
+				if i%2 == 1 {
+					var cancel context.CancelFunc
+					rctx, cancel = context.WithTimeout(ctx, time.Duration(round)*time.Microsecond)
+					defer cancel()
+				}
+				_, errs[i] = s.Renew(rctx, gs[i])
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			switch {
+			case i%2 == 0 && err != nil:
+				t.Fatalf("round %d: renew of holder %d: %v", round, i, err)
+			case i%2 == 1 && err != nil && !errors.Is(err, context.DeadlineExceeded):
+				t.Fatalf("round %d: renew of holder %d with a short ctx: %v, want nil or DeadlineExceeded", round, i, err)
+			}
+		}
+	}
+	if got := rc.keepAliveStreams(); got != 1 {
+		t.Errorf("keep-alive streams opened: %d, want 1", got)
+	}
+
+	// The stream breaks with the server; the next renewal retries until
+	// the restarted server answers.
+	if _, err := srv.KillRestart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := s.Renew(rctx, gs[0]); err != nil {
+		t.Fatalf("renew after the server restarted: %v", err)
+	}
+	if got := rc.keepAliveStreams(); got < 2 {
+		t.Errorf("keep-alive streams opened: %d, want a new one after the restart", got)
+	}
+	_, lost, err := s.RenewAll(rctx, gs[1:2])
+	if err != nil || lost[0] != nil {
+		t.Fatalf("RenewAll after the restart: %v, lost %v", err, lost)
+	}
+}
