@@ -63,6 +63,7 @@ type LeaseStore struct {
 	kv      clientv3.KV
 	leases  clientv3.Lease
 	ka      *keepAliver      // the store's keep-alive stream
+	gens    genReader        // RenewAll's fast path: the generation-key reads
 	watcher clientv3.Watcher // WaitFree
 	layout  etcdkv.Layout
 	shared  bool // WithSharedLeases
@@ -101,7 +102,7 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
+	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), gens: genReader{kv: cli.KV}, watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
 	if s.shared {
 		s.pool = make(map[sharedKey]*sharedLease)
 	}

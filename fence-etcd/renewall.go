@@ -142,22 +142,25 @@ func (s *LeaseStore) renewAllFast(ctx context.Context, op string, gs []leasecore
 	// + TTL is never later than the new expiry), and the earlier reading
 	// is the conservative one — the local deadline can only come sooner —
 	// whatever the order or overlap of the two requests.
+	//
+	// The read goes through the store's genReader, which reads the keys
+	// of concurrent fast renewals in one request.
 	start := time.Now()
-	resp, err := s.kv.Get(ctx, s.layout.HolderGen(holder, int64(id)))
+	gen, header, err := s.gens.read(ctx, s.layout.HolderGen(holder, int64(id)))
 	if err != nil {
 		return nil, nil, true, etcdkv.MapError(ctx, pkg, op, err)
 	}
-	if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != genRev {
+	if gen == nil || gen.ModRevision != genRev {
 		// A name of the holder was released or taken over since the
 		// names were read (or the lease is gone): check every name.
 		seen := int64(0)
-		if len(resp.Kvs) > 0 {
-			seen = resp.Kvs[0].ModRevision
+		if gen != nil {
+			seen = gen.ModRevision
 		}
 		s.forgetVerified(sl, id, seen)
 		return nil, nil, false, nil
 	}
-	space := tokenSpace(resp.Header)
+	space := tokenSpace(header)
 	renewed = make([]leasecore.Grant, len(gs))
 	lost = make([]error, len(gs))
 	err = s.keepAlive(ctx, id)
