@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -439,5 +442,40 @@ func TestGrantLocalDeadline(t *testing.T) {
 	g := leasecore.Grant{TTL: 1500 * time.Millisecond, Start: start}
 	if got, want := g.LocalDeadline(300*time.Millisecond), start.Add(1200*time.Millisecond); !got.Equal(want) {
 		t.Errorf("LocalDeadline = %v, want %v", got, want)
+	}
+}
+
+// TestCheckNameASCIIFastPath compares CheckName, whose printable-ASCII
+// fast path decides most names in one pass, with its rules written out,
+// on random short strings drawn mostly from ASCII (spaces, controls and
+// DEL at any position included) and some non-ASCII bytes.
+func TestCheckNameASCIIFastPath(t *testing.T) {
+	rules := func(v string) bool {
+		if v == "" || len(v) > leasecore.MaxNameLen || !utf8.ValidString(v) ||
+			strings.TrimSpace(v) == "" || strings.TrimSpace(v) != v {
+			return false
+		}
+		for _, r := range v {
+			if unicode.IsControl(r) {
+				return false
+			}
+		}
+		return true
+	}
+	alphabet := []byte("ab ~\x00\t\n\x1f\x7f\x80\xc3\xa9-")
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200000 {
+		b := make([]byte, rng.IntN(8))
+		for i := range b {
+			if rng.IntN(4) == 0 {
+				b[i] = alphabet[rng.IntN(len(alphabet))]
+			} else {
+				b[i] = byte(0x20 + rng.IntN(0x60)) // printable ASCII and DEL
+			}
+		}
+		v := string(b)
+		if got, want := leasecore.CheckName("op", "name", v) == nil, rules(v); got != want {
+			t.Fatalf("CheckName(%q) accepts: %v, the rules say %v", v, got, want)
+		}
 	}
 }
