@@ -97,3 +97,78 @@ func TestKeepAliveStream(t *testing.T) {
 		t.Fatalf("RenewAll after the restart: %v, lost %v", err, lost)
 	}
 }
+
+// TestKeepAliveStreamToLeader: on a 3-member cluster, with the client's
+// endpoints listing a follower first, the store's keep-alives are answered
+// by the leader (a follower would forward each one to it). After the
+// leadership moves, the keep-alives follow it: the first answer of the new
+// term retires the stream, and the next ones come from the new leader.
+func TestKeepAliveStreamToLeader(t *testing.T) {
+	c := etcdtemp.StartClusterTB(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := c.Endpoints()
+	follower := (leader + 1) % len(eps)
+	ordered := []string{eps[follower], eps[leader], eps[(leader+2)%len(eps)]}
+	rc := &rpcCounter{}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   ordered,
+		Logger:      zap.NewNop(),
+		DialTimeout: 30 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(rc.streams)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	memberOf := func(ep string) uint64 {
+		t.Helper()
+		st, err := cli.Status(ctx, ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Header.MemberId
+	}
+	leaderID, followerID := memberOf(eps[leader]), memberOf(eps[follower])
+
+	s, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdtest.Prefix()), fenceetcd.WithSharedLeases())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	g, err := s.Acquire(ctx, "name", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func() {
+		t.Helper()
+		if g, err = s.Renew(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	renew()
+	if got := rc.lastKeepAliveMember(); got != leaderID {
+		t.Fatalf("keep-alive answered by member %x, want the leader %x", got, leaderID)
+	}
+
+	// Move the leadership to the follower (asked of the leader).
+	lcli := etcdtest.Dial(t, []string{eps[leader]})
+	if _, err := lcli.MoveLeader(ctx, followerID); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		renew()
+		if rc.lastKeepAliveMember() == followerID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keep-alives still answered by member %x 30 s after the leadership moved to %x",
+				rc.lastKeepAliveMember(), followerID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

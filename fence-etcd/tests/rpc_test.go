@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -30,6 +31,7 @@ type rpcCounter struct {
 	mu        sync.Mutex
 	calls     []string
 	kaStreams int
+	kaMembers []uint64 // the member that answered each keep-alive
 }
 
 // countedStream records each message sent on a LeaseKeepAlive stream.
@@ -41,6 +43,26 @@ type countedStream struct {
 func (s countedStream) SendMsg(m any) error {
 	s.rc.record("/LeaseKeepAlive")
 	return s.ClientStream.SendMsg(m)
+}
+
+func (s countedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if r, ok := m.(*etcdserverpb.LeaseKeepAliveResponse); ok && err == nil {
+		s.rc.mu.Lock()
+		s.rc.kaMembers = append(s.rc.kaMembers, r.Header.GetMemberId())
+		s.rc.mu.Unlock()
+	}
+	return err
+}
+
+// lastKeepAliveMember returns the member that answered the last keep-alive.
+func (c *rpcCounter) lastKeepAliveMember() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.kaMembers) == 0 {
+		return 0
+	}
+	return c.kaMembers[len(c.kaMembers)-1]
 }
 
 // streams is the stream interceptor of a counted client.
