@@ -28,6 +28,13 @@ import (
 // it carries has stopped waiting.
 type genReader struct {
 	kv clientv3.KV
+	// leader, when set, returns a KV on a connection to the cluster's
+	// leader (the store's keep-alive stream's, see keepAliver.leaderKV).
+	// On a cluster a linearizable read on a follower costs a read-index
+	// round trip from the follower to the leader besides the leader's own
+	// quorum check, and the keep-alive that follows the read goes to the
+	// leader anyway. A read that fails there is sent again through kv.
+	leader func() (clientv3.KV, bool)
 
 	mu      sync.Mutex
 	queue   []*genRead
@@ -118,8 +125,18 @@ func (b *genReader) run(batch []*genRead) {
 		}
 		return kvs[0]
 	}
+	kv := b.kv
+	if b.leader != nil {
+		if lkv, ok := b.leader(); ok {
+			kv = lkv
+		}
+	}
 	if len(waiting) == 1 {
-		resp, err := b.kv.Get(ctx, waiting[0].key)
+		get := func(kv clientv3.KV) (*clientv3.GetResponse, error) { return kv.Get(ctx, waiting[0].key) }
+		resp, err := get(kv)
+		if err != nil && kv != b.kv && ctx.Err() == nil {
+			resp, err = get(b.kv)
+		}
 		if err != nil {
 			waiting[0].done <- genResult{err: err}
 			return
@@ -131,7 +148,11 @@ func (b *genReader) run(batch []*genRead) {
 	for i, r := range waiting {
 		ops[i] = clientv3.OpGet(r.key)
 	}
-	resp, err := b.kv.Txn(ctx).Then(ops...).Commit()
+	txn := func(kv clientv3.KV) (*clientv3.TxnResponse, error) { return kv.Txn(ctx).Then(ops...).Commit() }
+	resp, err := txn(kv)
+	if err != nil && kv != b.kv && ctx.Err() == nil {
+		resp, err = txn(b.kv)
+	}
 	for i, r := range waiting {
 		if err != nil {
 			r.done <- genResult{err: err}

@@ -131,8 +131,9 @@ type kaStream struct {
 	// Set before ready is closed, then read-only: the connection the
 	// stream was opened on when the store dialed the leader for it (closed
 	// with the stream), and the leader's raft term then.
-	ownConn *grpc.ClientConn
-	term    uint64
+	ownConn  *grpc.ClientConn
+	leaderKV clientv3.KV // reads on ownConn; nil without it
+	term     uint64
 
 	sendMu sync.Mutex // serializes Send; the queue order is the send order
 
@@ -231,6 +232,28 @@ func (k *keepAliver) send(ctx context.Context, id clientv3.LeaseID) error {
 	}
 }
 
+// leaderKV returns a KV on the current stream's connection to the leader,
+// when there is one: RenewAll's fast path sends its generation-key reads
+// there too (see genReader). The connection closes with its stream, so a
+// read on it may fail with it; the caller then reads through the client.
+func (k *keepAliver) leaderKV() (clientv3.KV, bool) {
+	k.mu.Lock()
+	st := k.cur
+	k.mu.Unlock()
+	if st == nil {
+		return nil, false
+	}
+	select {
+	case <-st.ready:
+	default:
+		return nil, false
+	}
+	if st.openErr != nil || st.leaderKV == nil {
+		return nil, false
+	}
+	return st.leaderKV, true
+}
+
 // stream returns the open stream, opening one when there is none.
 func (k *keepAliver) stream(ctx context.Context) (*kaStream, error) {
 	k.mu.Lock()
@@ -240,7 +263,9 @@ func (k *keepAliver) stream(ctx context.Context) (*kaStream, error) {
 	}
 	st := k.cur
 	if st == nil {
-		sctx, cancel := context.WithCancel(context.Background())
+		// The stream ends with the client too: a store whose client
+		// was closed without the store's Close leaves nothing running.
+		sctx, cancel := context.WithCancel(k.cli.Ctx())
 		st = &kaStream{ctx: sctx, cancel: cancel, ready: make(chan struct{}), exited: make(chan struct{})}
 		k.cur = st
 		go k.run(st)
@@ -270,6 +295,7 @@ func (k *keepAliver) run(st *kaStream) {
 	if leader, ok := k.leaderConn(st.ctx); ok {
 		conn, st.term = leader.conn, leader.term
 		st.ownConn = leader.conn
+		st.leaderKV = clientv3.NewKVFromKVClient(etcdserverpb.NewKVClient(leader.conn), k.cli)
 	}
 	stream, err := etcdserverpb.NewLeaseClient(conn).LeaseKeepAlive(st.ctx, grpc.WaitForReady(true))
 	watchdog.Stop()
@@ -392,4 +418,10 @@ func (k *keepAliver) close() {
 	}
 	k.breakStream(st, errKeepAlivesClosed)
 	<-st.exited
+}
+
+// ownKV reports whether cli.KV is the KV clientv3.New made (one on the
+// client's own connection), not a wrapper the application put in its place.
+func ownKV(cli *clientv3.Client) bool {
+	return fmt.Sprintf("%T", cli.KV) == fmt.Sprintf("%T", clientv3.NewKVFromKVClient(nil, nil))
 }

@@ -103,6 +103,12 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 		return nil, err
 	}
 	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), gens: genReader{kv: cli.KV}, watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
+	if ownKV(cli) {
+		// Reads on a connection of the store's own reach the same keys
+		// only when cli.KV is the client's own KV, not a wrapper (such as
+		// namespace.NewKV) that rewrites them.
+		s.gens.leader = s.ka.leaderKV
+	}
 	if s.shared {
 		s.pool = make(map[sharedKey]*sharedLease)
 	}

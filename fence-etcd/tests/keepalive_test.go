@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -115,11 +118,22 @@ func TestKeepAliveStreamToLeader(t *testing.T) {
 	follower := (leader + 1) % len(eps)
 	ordered := []string{eps[follower], eps[leader], eps[(leader+2)%len(eps)]}
 	rc := &rpcCounter{}
+	var genReadMember atomic.Uint64 // the member that answered the last generation-key read
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   ordered,
 		Logger:      zap.NewNop(),
 		DialTimeout: 30 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(rc.streams)},
+		DialOptions: []grpc.DialOption{
+			grpc.WithChainStreamInterceptor(rc.streams),
+			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+				cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				err := invoker(ctx, method, req, reply, cc, opts...)
+				if r, ok := req.(*etcdserverpb.RangeRequest); ok && err == nil && strings.Contains(string(r.Key), "/holdergen/") {
+					genReadMember.Store(reply.(*etcdserverpb.RangeResponse).Header.GetMemberId())
+				}
+				return err
+			}),
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +167,16 @@ func TestKeepAliveStreamToLeader(t *testing.T) {
 	renew()
 	if got := rc.lastKeepAliveMember(); got != leaderID {
 		t.Fatalf("keep-alive answered by member %x, want the leader %x", got, leaderID)
+	}
+	// RenewAll's fast path reads the generation key on the stream's
+	// connection, at the leader, too (the first RenewAll is the full check).
+	for range 2 {
+		if _, _, err := s.RenewAll(ctx, []leasecore.Grant{g}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := genReadMember.Load(); got != leaderID {
+		t.Fatalf("generation key read at member %x, want the leader %x", got, leaderID)
 	}
 
 	// Move the leadership to the follower (asked of the leader).
