@@ -160,22 +160,49 @@ func newKeepAliver(cli *clientv3.Client) *keepAliver {
 // stream, it is KeepAliveOnce itself: Renew and RenewAll keep working after
 // Close (see Close), at the cost of a stream per keep-alive.
 func (s *LeaseStore) keepAlive(ctx context.Context, id clientv3.LeaseID) error {
-	err := s.ka.once(ctx, id)
+	return s.keepAliveFinish(ctx, s.keepAliveBegin(ctx, id))
+}
+
+// keepAliveBegin sends a keep-alive of id and returns without its answer,
+// which keepAliveFinish waits for: RenewAll's fast path sends it before
+// its read, so that the two requests overlap.
+func (s *LeaseStore) keepAliveBegin(ctx context.Context, id clientv3.LeaseID) sentKeepAlive {
+	c, err := s.ka.post(ctx, id)
+	return sentKeepAlive{id: id, call: c, err: err}
+}
+
+// keepAliveFinish returns the answer of a keep-alive keepAliveBegin sent,
+// as keepAlive's; one that failed is sent again as keepAlive would.
+func (s *LeaseStore) keepAliveFinish(ctx context.Context, p sentKeepAlive) error {
+	err := p.err
+	if err == nil {
+		err = s.ka.await(ctx, p.call)
+	}
+	err = s.ka.retry(ctx, p.id, err)
 	if errors.Is(err, errKeepAlivesClosed) {
-		_, err = s.leases.KeepAliveOnce(ctx, id)
+		_, err = s.leases.KeepAliveOnce(ctx, p.id)
 	}
 	return err
 }
 
-// once keeps etcd lease id alive once: nil when the lease exists (its TTL
-// restarted), rpctypes.ErrLeaseNotFound when it does not, the ctx's error
-// when ctx ended first, or the server's error.
-func (k *keepAliver) once(ctx context.Context, id clientv3.LeaseID) error {
+// sentKeepAlive is a keep-alive sent (call), or that could not be (err).
+type sentKeepAlive struct {
+	id   clientv3.LeaseID
+	call *kaCall
+	err  error
+}
+
+// retry returns the final answer of a keep-alive of id whose answer was
+// err: nil when the lease exists (its TTL restarted),
+// rpctypes.ErrLeaseNotFound when it does not, the ctx's error when ctx
+// ended first, or the server's error. Unavailable and Internal errors are
+// retried on a new stream until ctx ends, as KeepAliveOnce does, and an
+// expired auth token once.
+func (k *keepAliver) retry(ctx context.Context, id clientv3.LeaseID, err error) error {
 	authRetried := false
 	for {
-		err := k.send(ctx, id)
 		switch {
-		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound):
+		case err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) || errors.Is(err, errKeepAlivesClosed):
 			return err
 		case ctx.Err() != nil:
 			return ctx.Err()
@@ -197,15 +224,18 @@ func (k *keepAliver) once(ctx context.Context, id clientv3.LeaseID) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		c, perr := k.post(ctx, id)
+		if err = perr; err == nil {
+			err = k.await(ctx, c)
+		}
 	}
 }
 
-// send sends one keep-alive on the current stream (opening one if needed)
-// and waits for its answer.
-func (k *keepAliver) send(ctx context.Context, id clientv3.LeaseID) error {
+// post sends one keep-alive on the current stream, opening one if needed.
+func (k *keepAliver) post(ctx context.Context, id clientv3.LeaseID) (*kaCall, error) {
 	st, err := k.stream(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c := &kaCall{id: int64(id), done: make(chan error, 1)}
 	st.sendMu.Lock()
@@ -214,7 +244,7 @@ func (k *keepAliver) send(ctx context.Context, id clientv3.LeaseID) error {
 		err := st.broken
 		st.mu.Unlock()
 		st.sendMu.Unlock()
-		return err
+		return nil, err
 	}
 	st.pending = append(st.pending, c)
 	st.used = true
@@ -224,6 +254,11 @@ func (k *keepAliver) send(ctx context.Context, id clientv3.LeaseID) error {
 	// the stream's real status, answers every call in flight with it.
 	_ = st.stream.Send(&etcdserverpb.LeaseKeepAliveRequest{ID: int64(id)})
 	st.sendMu.Unlock()
+	return c, nil
+}
+
+// await waits for c's answer or ctx.
+func (k *keepAliver) await(ctx context.Context, c *kaCall) error {
 	select {
 	case err := <-c.done:
 		return err

@@ -61,10 +61,14 @@ const keepAliveParallel = 16
 // remembers, for that etcd lease, the key's mod revision and the names
 // (with their tokens) it found attached to the lease. A later RenewAll whose
 // grants all have one TTL and are all among those names, with the same
-// tokens, reads only the generation key: found with the same mod revision,
-// no key of those names was deleted since they were read, so it sends the
-// one keep-alive and reports them all renewed (or all lost, "expired", when
-// the keep-alive finds the lease gone). Any other finding drops what the
+// tokens, reads only the generation key, with the one keep-alive sent
+// beside the read (the two overlap): found with the same mod revision, no
+// key of those names was deleted since they were read, so it reports them
+// all renewed (or all lost, "expired", when the keep-alive found the lease
+// gone). Concurrent fast renewals through one store read their generation
+// keys in one read-only transaction, and a store sends its keep-alives on
+// one stream, to the leader of a cluster (see docs/capacity.md for what
+// that measured). Any other finding drops what the
 // store remembered and runs the full check. So the full check runs on the
 // first RenewAll of a shared lease; after a take-over of any name of the
 // holder, or a release through another store (a Release through this store
@@ -87,8 +91,8 @@ const keepAliveParallel = 16
 // reads the name's key.
 //
 // renewed[i] is gs[i] with a new Start — the time read before the keep-alive
-// of its etcd lease (on the fast path: before the read of the generation
-// key) — and the cluster's Space (as Acquire's), and lost[i] is nil; or
+// of its etcd lease (on the fast path: before the keep-alive and the read
+// of the generation key) — and the cluster's Space (as Acquire's), and lost[i] is nil; or
 // lost[i] is a *leasecore.HoldError wrapping leasecore.ErrLost (Op "renew")
 // whose Reason says, as Renew's does, why: the key is gone ("no such lease
 // (expired or released)"), carries another token or holder, or its etcd
@@ -143,9 +147,21 @@ func (s *LeaseStore) renewAllFast(ctx context.Context, op string, gs []leasecore
 	// is the conservative one — the local deadline can only come sooner —
 	// whatever the order or overlap of the two requests.
 	//
+	// The keep-alive is sent first and its answer awaited after the read,
+	// so the two overlap: a renewal waits for the slower of the two, not
+	// for both in turn. Their order does not matter: the names are
+	// reported renewed only when both succeed — the read shows none of
+	// them deleted up to its revision, the keep-alive that the lease (and
+	// so every key still attached to it) lives on from when the lessor
+	// handled it — and a release through another store between the two
+	// goes unseen until the next renewal, in either order, as any release
+	// running concurrently with a renewal. When the read sends the call to
+	// the full check, the keep-alive was one more than needed.
+	//
 	// The read goes through the store's genReader, which reads the keys
 	// of concurrent fast renewals in one request.
 	start := time.Now()
+	ka := s.keepAliveBegin(ctx, id)
 	gen, header, err := s.gens.read(ctx, s.layout.HolderGen(holder, int64(id)))
 	if err != nil {
 		return nil, nil, true, etcdkv.MapError(ctx, pkg, op, err)
@@ -163,10 +179,10 @@ func (s *LeaseStore) renewAllFast(ctx context.Context, op string, gs []leasecore
 	space := tokenSpace(header)
 	renewed = make([]leasecore.Grant, len(gs))
 	lost = make([]error, len(gs))
-	err = s.keepAlive(ctx, id)
+	err = s.keepAliveFinish(ctx, ka)
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		// Expired (or revoked) between the Get and the keep-alive, and
+		// Expired (or revoked) around the read, and
 		// every name attached to it with it.
 		s.sharedGone(id)
 		for i, g := range gs {

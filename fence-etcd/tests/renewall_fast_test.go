@@ -114,7 +114,7 @@ func TestRenewAllFastPathOneGetOneKeepAlive(t *testing.T) {
 	}
 	for round := range 3 {
 		time.Sleep(1100 * time.Millisecond) // let the TTL run down, to see it reset
-		renewed := renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+		renewed := renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 		if ttlResp, err := f.cli.TimeToLive(context.Background(), id); err != nil || ttlResp.TTL < 4 {
 			t.Fatalf("round %d: etcd lease after RenewAll: %+v, %v; want its TTL reset", round, ttlResp, err)
 		}
@@ -127,7 +127,7 @@ func TestRenewAllFastPathOneGetOneKeepAlive(t *testing.T) {
 	}
 
 	// A subset of the verified names is on the fast path too.
-	renewAllCalls(t, s, rc, gs[10:20], "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs[10:20], "LeaseKeepAlive Range", nil)
 }
 
 // TestRenewAllFastPathMissesRawDelete shows the documented limitation, and
@@ -147,14 +147,14 @@ func TestRenewAllFastPathMissesRawDelete(t *testing.T) {
 	if resp, err := f.cli.Delete(ctx, f.layout(t).Lease(gs[2].Name)); err != nil || resp.Deleted != 1 {
 		t.Fatalf("raw delete: %+v, %v", resp, err)
 	}
-	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil) // the limitation
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil) // the limitation
 
 	prefix := f.layout(t).HolderGenPrefix("holder-a")
 	if resp, err := f.cli.Delete(ctx, prefix, clientv3.WithPrefix()); err != nil || resp.Deleted != 1 {
 		t.Fatalf("delete of %s: %+v, %v; want the one generation key deleted", prefix, resp, err)
 	}
-	renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{2: "no such lease (expired or released)"})
-	renewAllCalls(t, s, rc, without(gs, 2), "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range Txn LeaseKeepAlive", map[int]string{2: "no such lease (expired or released)"})
+	renewAllCalls(t, s, rc, without(gs, 2), "LeaseKeepAlive Range", nil)
 }
 
 // TestRenewAllFastReleaseThroughOtherStore: the holder releases one name
@@ -171,14 +171,14 @@ func TestRenewAllFastReleaseThroughOtherStore(t *testing.T) {
 	ctx := context.Background()
 	gs := acquireN(t, s, "shard", "holder-a", 10, time.Minute)
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-	gs = renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	gs = renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 
 	if err := other.Release(ctx, gs[3]); err != nil {
 		t.Fatal(err)
 	}
 	// One Range finds the generation key gone, then the full check.
-	renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{3: "no such lease (expired or released)"})
-	rest := renewAllCalls(t, s, rc, without(gs, 3), "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range Txn LeaseKeepAlive", map[int]string{3: "no such lease (expired or released)"})
+	rest := renewAllCalls(t, s, rc, without(gs, 3), "LeaseKeepAlive Range", nil)
 
 	// A name the other store acquired for the holder (on its own shared
 	// lease) and released again is no concern of the first store's, but
@@ -190,8 +190,8 @@ func TestRenewAllFastReleaseThroughOtherStore(t *testing.T) {
 	if err := other.Release(ctx, g); err != nil {
 		t.Fatal(err)
 	}
-	renewAllCalls(t, s, rc, rest, "Range Txn LeaseKeepAlive", nil)
-	renewAllCalls(t, s, rc, rest, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, rest, "LeaseKeepAlive Range Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, rest, "LeaseKeepAlive Range", nil)
 }
 
 // TestRenewAllFastReleaseThroughSameStore: a Release through the store that
@@ -214,7 +214,7 @@ func TestRenewAllFastReleaseThroughSameStore(t *testing.T) {
 	if got := rc.take(); got != "Txn" {
 		t.Errorf("shared Release: calls %q, want one Txn", got)
 	}
-	renewAllCalls(t, s, rc, without(gs, 1), "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, without(gs, 1), "LeaseKeepAlive Range", nil)
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", map[int]string{1: "no such lease (expired or released)"})
 
 	// Two releases in a row, the second of a name acquired again (a new
@@ -231,7 +231,7 @@ func TestRenewAllFastReleaseThroughSameStore(t *testing.T) {
 	if err := s.Release(ctx, gs[1]); err != nil {
 		t.Fatal(err)
 	}
-	renewAllCalls(t, s, rc, without(gs, 1, 4), "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, without(gs, 1, 4), "LeaseKeepAlive Range", nil)
 }
 
 // TestRenewAllFastTakeOver: an operator's TakeOver of one name (through
@@ -245,7 +245,7 @@ func TestRenewAllFastTakeOver(t *testing.T) {
 	ctx := context.Background()
 	gs := acquireN(t, s, "shard", "holder-a", 8, time.Minute)
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 
 	sharedOp := sharedStore(t, f, etcdtest.Client(t))
 	defer sharedOp.Close()
@@ -254,7 +254,7 @@ func TestRenewAllFastTakeOver(t *testing.T) {
 		if err != nil || prev.Holder != "holder-a" || prev.Token != gs[2].Token {
 			t.Fatalf("TakeOver (shared %v): %+v, %+v, %v", op.Shared(), taken, prev, err)
 		}
-		renewAllCalls(t, s, rc, gs, "Range Txn LeaseKeepAlive", map[int]string{
+		renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range Txn LeaseKeepAlive", map[int]string{
 			2: fmt.Sprintf(`token %d was superseded by token %d (holder "operator")`, gs[2].Token, taken.Token)})
 		if st, err := f.leases.Inspect(ctx, gs[2].Name); err != nil || st.Holder != "operator" || st.Token != taken.Token {
 			t.Fatalf("after the holder's RenewAll: %+v, %v", st, err)
@@ -268,7 +268,7 @@ func TestRenewAllFastTakeOver(t *testing.T) {
 			t.Fatal(err)
 		}
 		renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-		renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+		renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 	}
 }
 
@@ -284,7 +284,7 @@ func TestRenewAllFastExpiry(t *testing.T) {
 		defer s.Close()
 		gs := acquireN(t, s, "shard", "holder-a", 4, 2*time.Second)
 		renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-		renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+		renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 		waitGone(t, f, gs[0].Name)
 		if snap := f.snapshot(t); snap != "0 keys\n" {
 			t.Fatalf("after expiry:\n%s\nwant no key (the generation key goes with the lease)", snap)
@@ -293,15 +293,21 @@ func TestRenewAllFastExpiry(t *testing.T) {
 		for i := range gs {
 			gone[i] = "no such lease (expired or released)"
 		}
-		renewAllCalls(t, s, rc, gs, "Range Txn", gone)
+		renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range Txn", gone)
 		renewAllCalls(t, s, rc, gs, "Txn", gone)
 	})
 
+	// The fast path sends the keep-alive, then reads the generation key:
+	// here the server handles the keep-alive only after the read, and the
+	// lease is revoked in between (the test holds the keep-alive back in
+	// the client until the read is answered and the lease revoked).
 	t.Run("between the read and the keep-alive", func(t *testing.T) {
 		f := newFixture(t)
-		var revokeAfterGenRead atomic.Bool
+		var revokeAfterGenRead, holdKeepAlive atomic.Bool
 		var id atomic.Int64
 		var rc rpcCounter
+		revoked := make(chan struct{})
+		held := make(chan error, 1)
 		cli, err := clientv3.New(clientv3.Config{
 			Endpoints:   etcdtest.Server(t).Endpoints(),
 			Logger:      zap.NewNop(),
@@ -317,10 +323,18 @@ func TestRenewAllFastExpiry(t *testing.T) {
 						if _, err := f.cli.Revoke(ctx, clientv3.LeaseID(id.Load())); err != nil {
 							return fmt.Errorf("test revoke: %w", err)
 						}
+						close(revoked)
 					}
 					return err
 				}),
-				grpc.WithChainStreamInterceptor(rc.streams),
+				grpc.WithChainStreamInterceptor(rc.streams, func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+					method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+					st, err := streamer(ctx, desc, cc, method, opts...)
+					if err != nil {
+						return nil, err
+					}
+					return heldStream{st, &holdKeepAlive, revoked, held}, nil
+				}),
 			},
 		})
 		if err != nil {
@@ -333,13 +347,17 @@ func TestRenewAllFastExpiry(t *testing.T) {
 		id.Store(int64(f.leaseOf(t, gs[0].Name)))
 		renewAllCalls(t, s, &rc, gs, "Txn LeaseKeepAlive", nil)
 		revokeAfterGenRead.Store(true)
+		holdKeepAlive.Store(true)
 		expired := map[int]string{}
 		for i := range gs {
 			expired[i] = "expired"
 		}
-		renewAllCalls(t, s, &rc, gs, "Range LeaseKeepAlive", expired)
+		renewAllCalls(t, s, &rc, gs, "LeaseKeepAlive Range", expired)
 		if revokeAfterGenRead.Load() {
 			t.Fatal("the fast path did not read the generation key")
+		}
+		if err := <-held; err != nil {
+			t.Fatalf("the held keep-alive: %v", err)
 		}
 		// The store forgot the lease: the next acquire grants another.
 		rc.take()
@@ -351,7 +369,7 @@ func TestRenewAllFastExpiry(t *testing.T) {
 			t.Errorf("acquire after the lease was found gone: calls %q, want %q", got, "LeaseGrant Txn")
 		}
 		renewAllCalls(t, s, &rc, []leasecore.Grant{g}, "Txn LeaseKeepAlive", nil)
-		renewAllCalls(t, s, &rc, []leasecore.Grant{g}, "Range LeaseKeepAlive", nil)
+		renewAllCalls(t, s, &rc, []leasecore.Grant{g}, "LeaseKeepAlive Range", nil)
 	})
 }
 
@@ -369,7 +387,7 @@ func TestRenewAllFastNewGrant(t *testing.T) {
 	ctx := context.Background()
 	gs := acquireN(t, s, "shard", "holder-a", 5, time.Minute)
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 
 	// Acquired since: the full check (no Range first), then fast.
 	g, err := s.Acquire(ctx, "new", "holder-a", time.Minute)
@@ -378,7 +396,7 @@ func TestRenewAllFastNewGrant(t *testing.T) {
 	}
 	gs = append(gs, g)
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 
 	// A stale grant of a verified name: released through another store
 	// and acquired again; the old grant is lost, the new one renewed.
@@ -389,10 +407,10 @@ func TestRenewAllFastNewGrant(t *testing.T) {
 	if gs[0], err = s.Acquire(ctx, old.Name, "holder-a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	renewAllCalls(t, s, rc, append([]leasecore.Grant{old}, gs[1:]...), "Range Txn LeaseKeepAlive",
+	renewAllCalls(t, s, rc, append([]leasecore.Grant{old}, gs[1:]...), "LeaseKeepAlive Range Txn LeaseKeepAlive",
 		map[int]string{0: fmt.Sprintf(`token %d was superseded by token %d (holder "holder-a")`, old.Token, gs[0].Token)})
 	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
-	renewAllCalls(t, s, rc, gs, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
 
 	// A name of the holder on another store's lease (verified nowhere
 	// here): full check, each time.
@@ -409,7 +427,7 @@ func TestRenewAllFastNewGrant(t *testing.T) {
 	for range 2 {
 		renewAllCalls(t, s, rc, append(gs, long...), "Txn LeaseKeepAlive LeaseKeepAlive", nil)
 	}
-	renewAllCalls(t, s, rc, long, "Range LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, long, "LeaseKeepAlive Range", nil)
 }
 
 // TestRenewAllFastConcurrent: RenewAll, Release, Acquire and another
@@ -481,4 +499,25 @@ func TestRenewAllFastConcurrent(t *testing.T) {
 		}
 		gs, released = held, make([]bool, len(held))
 	}
+}
+
+// heldStream, once hold is set, sends the next message only after release
+// is closed (in a goroutine: SendMsg returns at once), and reports the
+// send's error on sent.
+type heldStream struct {
+	grpc.ClientStream
+	hold    *atomic.Bool
+	release <-chan struct{}
+	sent    chan<- error
+}
+
+func (s heldStream) SendMsg(m any) error {
+	if !s.hold.CompareAndSwap(true, false) {
+		return s.ClientStream.SendMsg(m)
+	}
+	go func() {
+		<-s.release
+		s.sent <- s.ClientStream.SendMsg(m)
+	}()
+	return nil
 }
