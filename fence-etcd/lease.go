@@ -49,7 +49,11 @@ import (
 //     holder was taken over, or released through another store, or a name
 //     was acquired since (see RenewAll). Delete lease keys only through
 //     Release or TakeOver: a key deleted by other means (etcdctl, a raw
-//     client) goes unnoticed by RenewAll until its next full check.
+//     client) goes unnoticed by RenewAll until its next full check. The
+//     store sends its keep-alives on one stream (to the leader when the
+//     client has several endpoints) and reads the generation keys of
+//     concurrent RenewAll calls in one transaction, so a process keeping
+//     many holders alive should renew them all through one store.
 //   - Release deletes the name's key only (and changes the holder's
 //     generation keys, see RenewAll); the shared lease stays for the
 //     holder's other names and its next acquires.

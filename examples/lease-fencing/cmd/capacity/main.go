@@ -91,7 +91,7 @@ func main() {
 	flag.DurationVar(&cfg.duration, "duration", 60*time.Second, "measured renewal window, after every lease is acquired")
 	flag.DurationVar(&cfg.setupTimeout, "setup-timeout", 10*time.Minute, "per phase: acquires not done by then fail (an INVALID phase) and the phase goes on")
 	flag.IntVar(&cfg.procs, "procs", 4, "holder processes")
-	flag.IntVar(&cfg.conns, "conns", 16, "connections per holder process (PostgreSQL: pool size; etcd: clients)")
+	flag.IntVar(&cfg.conns, "conns", 16, "connections per holder process (PostgreSQL: pool size; etcd: one client each)")
 	phases := flag.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated, in this order")
 	flag.IntVar(&cfg.satClients, "sat-clients", 16, "clients of the saturation measurements")
 	flag.DurationVar(&cfg.satTime, "sat-time", 5*time.Second, "time per saturation measurement")

@@ -134,8 +134,8 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 		runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	fmt.Fprintf(w, "# %d holders × %d names = %d leases, TTL %v, renewed every %v by one leasecore.SessionSet per holder;\n",
 		cfg.holders, cfg.names, cfg.holders*cfg.names, cfg.ttl, renewInterval(cfg.ttl))
-	fmt.Fprintf(w, "# %d holder processes, %d connections each (etcd: %d clients each); measured window %v after setup\n",
-		cfg.procs, cfg.conns, max(1, cfg.conns/4), cfg.duration)
+	fmt.Fprintf(w, "# %d holder processes, one lease store each (PostgreSQL: on %d connections; etcd: on one client); measured window %v after setup\n",
+		cfg.procs, cfg.conns, cfg.duration)
 	fmt.Fprintf(w, "# ratio: U = plain single-row upserts/s (etcd: Puts/s), S = the holders' renewal (RenewAll of one holder's\n")
 	fmt.Fprintf(w, "# %d names) per second, both at saturation with %d clients, %d rounds × %v each alternating, medians, measured on the\n",
 		cfg.names, cfg.satClients, cfg.satRounds, cfg.satTime)

@@ -34,10 +34,15 @@ type backendConfig struct {
 // etcdPrefix is the key prefix of every etcd lease store of the run.
 const etcdPrefix = "/capacity"
 
-// openStores opens the lease stores a process uses: PostgreSQL, one store
-// on a pool of exactly conns connections; etcd, one store per client,
-// max(1, conns/4) clients (gRPC multiplexes a client's requests on one
-// connection). close releases the connections, not the leases.
+// openStores opens the lease store a process uses, one for all its holders:
+// PostgreSQL, a store on a pool of exactly conns connections; etcd, a store
+// on one client (gRPC multiplexes a client's requests on one connection;
+// conns does not apply). One store per process is what fence-etcd's docs
+// recommend for many holders: a store gathers its concurrent fast renewals'
+// reads into one request and sends its keep-alives on one stream, so the
+// holders spread over several stores would each pay more (measured by
+// fence-etcd's BenchmarkRenewAllShared, one store against four, and in
+// docs/capacity.md). close releases the connections, not the leases.
 func openStores(ctx context.Context, bc backendConfig, conns int) (stores []leaseAPI, close func(), err error) {
 	var closers []func()
 	close = func() {
@@ -67,21 +72,18 @@ func openStores(ctx context.Context, bc backendConfig, conns int) (stores []leas
 		}
 		return []leaseAPI{store}, close, nil
 	case "etcd":
-		for range max(1, conns/4) {
-			cli, err := etcdconformance.Dial(ctx, bc.Endpoints)
-			if err != nil {
-				return nil, close, err
-			}
-			closers = append(closers, func() { _ = cli.Close() })
-			store, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdPrefix), fenceetcd.WithSharedLeases())
-			if err != nil {
-				return nil, close, err
-			}
-			// Close would revoke the shared leases; the run lets them expire
-			// instead (closing the client is enough to stop everything).
-			stores = append(stores, store)
+		cli, err := etcdconformance.Dial(ctx, bc.Endpoints)
+		if err != nil {
+			return nil, close, err
 		}
-		return stores, close, nil
+		closers = append(closers, func() { _ = cli.Close() })
+		store, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdPrefix), fenceetcd.WithSharedLeases())
+		if err != nil {
+			return nil, close, err
+		}
+		// Close would revoke the shared leases; the run lets them expire
+		// instead (closing the client is enough to stop everything).
+		return []leaseAPI{store}, close, nil
 	}
 	return nil, close, fmt.Errorf("unknown backend %q", bc.Backend)
 }
