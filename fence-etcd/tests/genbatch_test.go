@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -33,42 +31,33 @@ func TestRenewAllFastReadsBatched(t *testing.T) {
 		genReads  []int // the generation keys each request read
 	)
 	release := make(chan struct{})
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   etcdtest.Server(t).Endpoints(),
-		Logger:      zap.NewNop(),
-		DialTimeout: 30 * time.Second,
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
-				cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				n := 0
-				switch r := req.(type) {
-				case *etcdserverpb.RangeRequest:
-					if strings.Contains(string(r.Key), "/holdergen/") {
-						n = 1
-					}
-				case *etcdserverpb.TxnRequest:
-					for _, op := range r.Success {
-						if rr := op.GetRequestRange(); rr != nil && strings.Contains(string(rr.Key), "/holdergen/") && len(r.Compare) == 0 {
-							n++
-						}
+	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			n := 0
+			switch r := req.(type) {
+			case *etcdserverpb.RangeRequest:
+				if strings.Contains(string(r.Key), "/holdergen/") {
+					n = 1
+				}
+			case *etcdserverpb.TxnRequest:
+				for _, op := range r.Success {
+					if rr := op.GetRequestRange(); rr != nil && strings.Contains(string(rr.Key), "/holdergen/") && len(r.Compare) == 0 {
+						n++
 					}
 				}
-				if n > 0 {
-					mu.Lock()
-					genReads = append(genReads, n)
-					mu.Unlock()
-					if holdFirst.CompareAndSwap(true, false) {
-						<-release
-					}
+			}
+			if n > 0 {
+				mu.Lock()
+				genReads = append(genReads, n)
+				mu.Unlock()
+				if holdFirst.CompareAndSwap(true, false) {
+					<-release
 				}
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}),
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+	)
 	s := sharedStore(t, f, cli)
 	defer s.Close()
 	other, err := fenceetcd.NewLeaseStore(f.cli, fenceetcd.WithPrefix(f.prefix), fenceetcd.WithSharedLeases())

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -28,16 +26,7 @@ import (
 func TestKeepAliveStream(t *testing.T) {
 	srv := etcdtemp.StartTB(t)
 	rc := &rpcCounter{}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   srv.Endpoints(),
-		Logger:      zap.NewNop(),
-		DialTimeout: 30 * time.Second,
-		DialOptions: []grpc.DialOption{grpc.WithChainStreamInterceptor(rc.streams)},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := dialWith(t, srv.Endpoints(), grpc.WithChainStreamInterceptor(rc.streams))
 	s, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdtest.Prefix()), fenceetcd.WithSharedLeases())
 	if err != nil {
 		t.Fatal(err)
@@ -119,26 +108,17 @@ func TestKeepAliveStreamToLeader(t *testing.T) {
 	ordered := []string{eps[follower], eps[leader], eps[(leader+2)%len(eps)]}
 	rc := &rpcCounter{}
 	var genReadMember atomic.Uint64 // the member that answered the last generation-key read
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   ordered,
-		Logger:      zap.NewNop(),
-		DialTimeout: 30 * time.Second,
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainStreamInterceptor(rc.streams),
-			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
-				cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				err := invoker(ctx, method, req, reply, cc, opts...)
-				if r, ok := req.(*etcdserverpb.RangeRequest); ok && err == nil && strings.Contains(string(r.Key), "/holdergen/") {
-					genReadMember.Store(reply.(*etcdserverpb.RangeResponse).Header.GetMemberId())
-				}
-				return err
-			}),
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := dialWith(t, ordered,
+		grpc.WithChainStreamInterceptor(rc.streams),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if r, ok := req.(*etcdserverpb.RangeRequest); ok && err == nil && strings.Contains(string(r.Key), "/holdergen/") {
+				genReadMember.Store(reply.(*etcdserverpb.RangeResponse).Header.GetMemberId())
+			}
+			return err
+		}),
+	)
 	memberOf := func(ep string) uint64 {
 		t.Helper()
 		st, err := cli.Status(ctx, ep)

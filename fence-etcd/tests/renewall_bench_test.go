@@ -22,7 +22,7 @@ func BenchmarkRenewAllShared(b *testing.B) {
 	ctx := context.Background()
 	run := func(b *testing.B, op func(h int) error) {
 		var next atomic.Int64
-		b.SetParallelism(holders / 2)         // × GOMAXPROCS (2 here) goroutines, one holder each
+		b.SetParallelism(holders / 2) // × GOMAXPROCS (2 here) goroutines, one holder each
 		b.RunParallel(func(pb *testing.PB) {
 			h := int(next.Add(1)-1) % holders
 			for pb.Next() {

@@ -121,29 +121,33 @@ func (c *rpcCounter) take() string {
 	return s
 }
 
+// dialWith returns a client of endpoints with the tests' dial options
+// (interceptors), closed when the test ends.
+func dialWith(t *testing.T, endpoints []string, opts ...grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop(),
+		DialTimeout: 30 * time.Second, DialOptions: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli
+}
+
 // countingClient returns a client of the shared server whose calls rc
 // records, connected (the connecting request is forgotten), closed when the
 // test ends.
 func countingClient(t *testing.T) (*clientv3.Client, *rpcCounter) {
 	t.Helper()
 	rc := &rpcCounter{}
-	cli, err := clientv3.New(clientv3.Config{
-		Endpoints:   etcdtest.Server(t).Endpoints(),
-		Logger:      zap.NewNop(),
-		DialTimeout: 30 * time.Second,
-		DialOptions: []grpc.DialOption{
-			grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
-				cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				rc.record(method)
-				return invoker(ctx, method, req, reply, cc, opts...)
-			}),
-			grpc.WithChainStreamInterceptor(rc.streams),
-		},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cli.Close() })
+	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			rc.record(method)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(rc.streams),
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if _, err := cli.Get(ctx, "/leasefence-test/dial", clientv3.WithCountOnly()); err != nil {
