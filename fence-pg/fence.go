@@ -87,7 +87,7 @@ type Fence struct {
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
 	// the fast paths (floor = token) and the checks of RunTx/RunSQLTx
-	sharedRun, checkRun, guardOrRaise, writeShared, writeBatchShared string
+	sharedRun, checkRun, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
 }
 
 func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
@@ -99,6 +99,7 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
 			sharedRun: in(pgsql.FenceSharedRun), checkRun: in(pgsql.FenceCheckRun), guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
+			writeManyShared: in(pgsql.FencedWriteManyShared),
 		},
 		read: pgstore.Reader{DB: db, Pkg: pkg, Schema: cfg.schema},
 	}

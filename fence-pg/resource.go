@@ -23,6 +23,7 @@ import (
 type Resource struct {
 	fence *Fence
 	read  pgstore.Reader
+	batch writeBatcher // Write's fast paths, gathered when concurrent
 }
 
 var (
@@ -69,20 +70,37 @@ func renameOp(err error, op string) error {
 // or advanced the floor) one statement share-locks the floor row and
 // stores the part; otherwise one more statement raises the floor, stores
 // the part only when it accepts and logs the attempt as WithAttemptLog
-// says — each in autocommit, the check and its writes committed together. It accepts w.Token >= floor (an equal token is the same holding
-// period writing again) and rejects anything lower, whichever part it
-// targets; a rejection is a Result, not an error (but for a floor from
-// another token space, see Fence). Concurrent writers of one
-// scope queue on the floor row and each compares with the floor the
-// previous one committed.
+// says — each in autocommit, the check and its writes committed together.
+// It accepts w.Token >= floor (an equal token is the same holding period
+// writing again) and rejects anything lower, whichever part it targets; a
+// rejection is a Result, not an error (but for a floor from another token
+// space, see Fence). Concurrent writers of one scope queue on the floor row
+// and each compares with the floor the previous one committed.
+//
+// Concurrent writes through one Resource share statements: while two of
+// its first statements run, the writes that arrive wait and then go
+// together in one statement and one durable commit, each checked against
+// its own scope's floor and stored or not on its own (a write not stored
+// there goes on alone to the second statement). A lone write is never
+// held back, and a scope whose floor is being raised by another
+// transaction holds up only its own writers. A write whose ctx ends while
+// it waits returns ctx's error; as with any statement cancelled in flight,
+// its part may have been stored. With WithAttemptLog(leasecore.LogAll)
+// every write runs the full statement alone.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	const op = "write"
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	c := leasecore.ClaimOf(w)
-	return r.run(ctx, op, c, w,
-		query(ctx, r.fence.stmt.writeShared, c.Scope, int64(c.Token), c.Writer, w.Part, w.Content),
+	shared := query(ctx, r.fence.stmt.writeShared, c.Scope, int64(c.Token), c.Writer, w.Part, w.Content)
+	if commitgap.From(ctx) == nil {
+		// In autocommit (not in the commit-gap test hook's transaction),
+		// concurrent writes share statements (writeBatcher).
+		single := shared
+		shared = func(q dbx.Querier) (int64, bool, error) { return r.batch.write(ctx, r, q, w, single) }
+	}
+	return r.run(ctx, op, c, w, shared,
 		query(ctx, r.fence.stmt.write, append(r.fence.args(c, true), w.Part, w.Content)...))
 }
 

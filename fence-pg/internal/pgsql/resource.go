@@ -76,6 +76,16 @@ func logAttempt(part string) string {
 const sharedFloor = `SELECT max_token FROM leasefence.fence_floor
  WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
 
+// sharedFloorNoWait is sharedFloor for the part store's writes, where no
+// row also means "being raised": SKIP LOCKED passes over a floor row
+// locked for update, i.e. by a transaction raising it, and the caller's
+// full check then waits for that raise where sharedFloor would have. The
+// part store's fast path itself never waits on a floor row, so a
+// Resource's statements in flight (see FencedWriteManyShared) are never
+// held up by one scope's raise. A row that can be locked is re-checked on
+// its latest version, as with sharedFloor.
+const sharedFloorNoWait = sharedFloor + ` SKIP LOCKED`
+
 // idleTimeout sets the transaction's idle_in_transaction_session_timeout
 // to $N (milliseconds as text; NULL: leave the server's setting). It sits
 // in the select list of the check a fenced transaction starts with, so it
@@ -113,16 +123,51 @@ var FenceGuardOrRaise = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_to
 // floor version and no log entry (an accepted write is logged only with
 // leasecore.LogAll, which takes FencedWrite). $1 scope, $2 token, $3
 // writer, $4 part, $5 content. No row back: run FencedWrite.
-var FencedWriteShared = `WITH same AS (` + sharedFloor + `), part AS (
+var FencedWriteShared = `WITH same AS (` + sharedFloorNoWait + `), part AS (
   INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
   SELECT $1::text, $4::text, $5::text, $3::text, $2::bigint FROM same
   ` + upsertPart + `
 )
 SELECT max_token FROM same`
 
+// FencedWriteManyShared is FencedWriteShared for several independent
+// writes at once, each with its own scope, part, writer and token ($1: a
+// JSON array of {"scope", "part", "content", "writer", "token"}, at most
+// one entry per (scope, part)): the concurrent single-part writes that one
+// fencepg.Resource gathers while its statements run (writeBatcher). Each
+// entry is stored exactly when its scope's floor equals its token, under a
+// share lock of that floor row, as FencedWriteShared does; the statement
+// returns the scope and part of every entry it stored, and the others go
+// on alone to FencedWrite. One statement and one durable commit for all of
+// them.
+//
+// SKIP LOCKED: a floor row that cannot be share-locked at once is locked
+// for update by a transaction raising it (a new holder's first write, or
+// its check inside a RunTx that may last seconds); this statement does not
+// wait for it, so one scope's raise never holds up the other scopes'
+// writes in the batch. The skipped entry is not stored and not returned:
+// its writer runs FencedWrite alone, which waits for the raise and then
+// compares with the floor it left. A row that can be locked is re-checked
+// on its latest version, as in fenceCTEs. The entries are locked in scope
+// and part order, the order every other fenced write of report_part takes
+// its locks in (floor, then parts), so two batches never deadlock on
+// each other.
+var FencedWriteManyShared = `WITH input AS (
+  SELECT * FROM json_to_recordset($1::json) AS i(scope text, part text, content text, writer text, token bigint)
+)
+INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
+SELECT i.scope, i.part, i.content, i.writer, i.token
+  FROM (SELECT * FROM input ORDER BY scope, part) AS i
+ CROSS JOIN LATERAL (
+   SELECT FROM leasefence.fence_floor f
+    WHERE f.scope = i.scope AND f.max_token = i.token AND ` + DurableCommit + `
+      FOR SHARE SKIP LOCKED) AS same
+` + upsertPart + `
+RETURNING p.scope, p.part`
+
 // FencedWriteBatchShared is FencedWriteShared for a batch: $4 is the JSON
 // array of {"part", "content"}.
-var FencedWriteBatchShared = `WITH same AS (` + sharedFloor + `), input AS (
+var FencedWriteBatchShared = `WITH same AS (` + sharedFloorNoWait + `), input AS (
   SELECT * FROM json_to_recordset($4::json) AS i(part text, content text)
 ), part AS (
   INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
