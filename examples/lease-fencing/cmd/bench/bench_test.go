@@ -41,6 +41,7 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO fenced_8_scopes_8_clients/unfenced_8_clients ",
 		"RATIO fenced_1_scope_8_clients/unfenced_8_clients ",
 		"RATIO fenced_64_scopes_64_clients/unfenced_64_clients ",
+		"RATIO pipeline_fenced_64_scopes_64_clients/unfenced_64_clients ",
 		"RATIO etcd_guarded_txn/etcd_put ",
 		"RATIO etcd_fenced_write/etcd_put ",
 		"RATIO etcd_acquire_release/etcd_mutex_lock_unlock ",

@@ -284,6 +284,18 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
 			})
 		}},
+		// The fence on the caller's own statement, one pipeline (fence
+		// check and upsert, one round trip, one commit) per write: what each
+		// write costs when nothing gathers concurrent writes into shared
+		// statements, as Resource.Write does.
+		{name: "pipeline_fenced_64_scopes_64_clients", perOp: 1, parallel: func(b *testing.B) {
+			parallelN(b, manyClients, func(id int) error {
+				scope := fmt.Sprintf("bench-pipe64-%d", id)
+				batch := &pgx.Batch{}
+				batch.Queue(plainUpsert, scope, "summary", content, "holder-a", 1)
+				return mustAccept(e.fence.SendBatch(ctx, e.par64, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, batch))
+			})
+		}},
 		{name: "fenced_1_scope_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
 				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: "bench-one-scope",

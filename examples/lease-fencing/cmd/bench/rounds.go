@@ -60,6 +60,7 @@ var ratios = []ratio{
 	{name: "fenced_8_scopes_8_clients/unfenced_8_clients", num: "unfenced_8_clients", den: "fenced_8_scopes_8_clients"},
 	{name: "fenced_1_scope_8_clients/unfenced_8_clients", num: "unfenced_8_clients", den: "fenced_1_scope_8_clients"},
 	{name: "fenced_64_scopes_64_clients/unfenced_64_clients", num: "unfenced_64_clients", den: "fenced_64_scopes_64_clients"},
+	{name: "pipeline_fenced_64_scopes_64_clients/unfenced_64_clients", num: "unfenced_64_clients", den: "pipeline_fenced_64_scopes_64_clients"},
 	{name: "etcd_guarded_txn/etcd_put", num: "etcd_guarded_txn", den: "etcd_put"},
 	{name: "etcd_fenced_write/etcd_put", num: "etcd_fenced_write", den: "etcd_put"},
 	{name: "etcd_acquire_release/etcd_mutex_lock_unlock", num: "etcd_acquire_release", den: "etcd_mutex_lock_unlock"},
