@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
-	"sync/atomic"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 )
@@ -127,18 +126,12 @@ func (b *renewBatcher) run(s *LeaseStore, batch []*fastRenewal) {
 	}
 
 	// The statement lives while at least one caller waits for it.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var left atomic.Int64
-	left.Store(int64(len(waiting)))
-	for _, r := range waiting {
-		stop := context.AfterFunc(r.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
+	ctxs := make([]context.Context, len(waiting))
+	for i, r := range waiting {
+		ctxs[i] = r.ctx
 	}
+	ctx, release := whileAnyWaits(ctxs)
+	defer release()
 
 	extended := map[key]bool{}
 	err = pgstore.RetryConflicts(ctx, func() error {

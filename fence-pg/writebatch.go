@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"sync"
-	"sync/atomic"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
@@ -193,18 +192,12 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 	}
 
 	// The statement lives while at least one caller waits for it.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var left atomic.Int64
-	left.Store(int64(len(waiting)))
-	for _, qw := range waiting {
-		stop := context.AfterFunc(qw.ctx, func() {
-			if left.Add(-1) == 0 {
-				cancel()
-			}
-		})
-		defer stop()
+	ctxs := make([]context.Context, len(waiting))
+	for i, qw := range waiting {
+		ctxs[i] = qw.ctx
 	}
+	ctx, release := whileAnyWaits(ctxs)
+	defer release()
 
 	stored := make(map[key]bool, len(waiting))
 	err = pgstore.RetryConflicts(ctx, func() error {
