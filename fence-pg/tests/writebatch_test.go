@@ -15,6 +15,7 @@ import (
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -39,6 +40,21 @@ func startWrite(ctx context.Context, res *fencepg.Resource, name string, w lease
 		r, err := res.Write(ctx, w)
 		out <- writeOutcome{name, r, err}
 	}()
+}
+
+// newGatheringResource returns a fixture and a Resource with the default
+// attempt log (the fixture's own logs every attempt, which sends every
+// write to the full check and past the gathering) on a pool of its own
+// with conns connections.
+func newGatheringResource(t *testing.T, driver string, conns int) (*fixture, pgopen.Pool, *fencepg.Resource) {
+	t.Helper()
+	f := newFixture(t, driver)
+	pool := pgtest.Open(t, driver, f.resDSN, conns)
+	res, err := pool.Resource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, pool, res
 }
 
 // holdBothPlaces writes parts p1 and p2 of scope "blocker" while a
@@ -118,12 +134,7 @@ func wantNone(t *testing.T, out <-chan writeOutcome, why string) {
 // while queued gets ctx's error at once and stores nothing.
 func TestWriteBatchSharesStatement(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		f := newFixture(t, driver)
-		pool := pgtest.Open(t, driver, f.resDSN, 8)
-		res, err := pool.Resource()
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, _, res := newGatheringResource(t, driver, 8)
 		ctx := context.Background()
 		const n = 20
 		scope := func(i int) string { return fmt.Sprintf("batch-%02d", i) }
@@ -207,12 +218,7 @@ func TestWriteBatchSharesStatement(t *testing.T) {
 // raise is still open, and the stale write waits for it and is rejected.
 func TestWriteBatchNotHeldByRaise(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		f := newFixture(t, driver)
-		pool := pgtest.Open(t, driver, f.resDSN, 8)
-		res, err := pool.Resource()
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, pool, res := newGatheringResource(t, driver, 8)
 		// The raise stays open for as long as the test needs (the default
 		// idle timeout would end it after 5s and let the writes through).
 		fence := openFence(t, pool, fencepg.WithTimeouts(0, 10*time.Minute))
@@ -294,12 +300,7 @@ func TestWriteBatchNotHeldByRaise(t *testing.T) {
 // part holds the content of the largest token accepted for it.
 func TestWriteBatchConcurrentTokens(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		f := newFixture(t, driver)
-		pool := pgtest.Open(t, driver, f.resDSN, 16)
-		res, err := pool.Resource()
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, _, res := newGatheringResource(t, driver, 16)
 		ctx := context.Background()
 		const (
 			scopes, tokens, perToken, writes = 8, 6, 1, 30
@@ -387,12 +388,7 @@ func TestWriteBatchConcurrentTokens(t *testing.T) {
 // they commit, and the floor ends at 6 with token 5's parts stored.
 func TestWriteFastPathHoldsFloor(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		f := newFixture(t, driver)
-		pool := pgtest.Open(t, driver, f.resDSN, 8)
-		res, err := pool.Resource()
-		if err != nil {
-			t.Fatal(err)
-		}
+		f, pool, res := newGatheringResource(t, driver, 8)
 		// The newer writes go through a Resource that logs every attempt:
 		// it runs the full check at once (an accepted entry is only written
 		// there), so they wait on the floor, not for a statement place.
