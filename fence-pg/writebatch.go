@@ -54,12 +54,14 @@ type queuedWrite struct {
 // batchAnswer is a queued write's outcome: stored under the fast path, or
 // not (the caller runs the full check); alone when the batch statement
 // failed, so that the caller runs its own single statement and one bad
-// write cannot fail the others.
+// write cannot fail the others (a batch reports no error of its own).
 type batchAnswer struct {
 	stored bool
 	alone  bool
-	err    error
 }
+
+// partKey names the row a write upserts: one per batch statement.
+type partKey struct{ scope, part string }
 
 const (
 	// maxWritesInFlight bounds the fast-path statements of one Resource
@@ -93,8 +95,6 @@ func (b *writeBatcher) write(ctx context.Context, r *Resource, q dbx.Querier, w 
 		switch {
 		case a.alone:
 			return single(q)
-		case a.err != nil:
-			return 0, false, a.err
 		case a.stored:
 			return int64(w.Token), true, nil
 		}
@@ -128,17 +128,16 @@ func (b *writeBatcher) drain(r *Resource, batch []*queuedWrite) {
 // in a statement): a second write of a part stays queued, in its order,
 // for the next batch. Writes whose callers left are dropped.
 func (b *writeBatcher) take() []*queuedWrite {
-	type key struct{ scope, part string }
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var (
 		batch []*queuedWrite
 		rest  = b.queue[:0]
-		seen  = map[key]bool{}
+		seen  = map[partKey]bool{}
 		bytes int
 	)
 	for _, qw := range b.queue {
-		k := key{qw.w.Scope, qw.w.Part}
+		k := partKey{qw.w.Scope, qw.w.Part}
 		switch {
 		case qw.ctx.Err() != nil:
 			// gone: write returned ctx's error already
@@ -170,7 +169,6 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 		Writer  string `json:"writer"`
 		Token   int64  `json:"token"`
 	}
-	type key struct{ scope, part string }
 	in := make([]jsonWrite, 0, len(batch))
 	waiting := batch[:0:0]
 	for _, qw := range batch {
@@ -199,7 +197,7 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 	ctx, release := whileAnyWaits(ctxs)
 	defer release()
 
-	stored := make(map[key]bool, len(waiting))
+	stored := make(map[partKey]bool, len(waiting))
 	err = pgstore.RetryConflicts(ctx, func() error {
 		clear(stored)
 		rows, err := r.fence.db.Query(ctx, r.fence.stmt.writeManyShared, string(arg))
@@ -208,7 +206,7 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 		}
 		defer rows.Close()
 		for rows.Next() {
-			var k key
+			var k partKey
 			if err := rows.Scan(&k.scope, &k.part); err != nil {
 				return err
 			}
@@ -225,6 +223,6 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 			qw.done <- batchAnswer{alone: true}
 			continue
 		}
-		qw.done <- batchAnswer{stored: stored[key{qw.w.Scope, qw.w.Part}]}
+		qw.done <- batchAnswer{stored: stored[partKey{qw.w.Scope, qw.w.Part}]}
 	}
 }

@@ -122,7 +122,8 @@ var FenceGuardOrRaise = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_to
 // so the part is stored under a share lock of the floor row, with no new
 // floor version and no log entry (an accepted write is logged only with
 // leasecore.LogAll, which takes FencedWrite). $1 scope, $2 token, $3
-// writer, $4 part, $5 content. No row back: run FencedWrite.
+// writer, $4 part, $5 content. No row back (not equal, no floor, or a
+// floor being raised: sharedFloorNoWait): run FencedWrite.
 var FencedWriteShared = `WITH same AS (` + sharedFloorNoWait + `), part AS (
   INSERT INTO leasefence.report_part AS p (scope, part, content, writer, token)
   SELECT $1::text, $4::text, $5::text, $3::text, $2::bigint FROM same
