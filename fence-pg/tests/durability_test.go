@@ -25,15 +25,13 @@ import (
 // advance it acknowledged is still in force.
 //
 // wal_writer_delay is at its maximum (10 s), so an asynchronous commit is
-// flushed only by a later synchronous one or a full WAL buffer. The
-// control shows that the cluster does lose acknowledged commits: plain
-// autocommit updates, acknowledged after the last synchronous commit, are
-// gone after the crash. Without the control passing, the test would
-// prove nothing.
+// written out only by a later synchronous one, a WAL writer woken by a
+// completed WAL page, or a full WAL buffer. The control shows that the
+// cluster does lose acknowledged commits: plain autocommit updates,
+// acknowledged after the last synchronous commit, are gone after the
+// crash. Without the control passing, the test would prove nothing.
 func TestDurableOnAsyncCommitCluster(t *testing.T) {
-	cluster := pgtemp.StartTB(t,
-		pgtemp.WithSetting("synchronous_commit", "off"),
-		pgtemp.WithSetting("wal_writer_delay", "10s"))
+	cluster := pgtemp.StartTB(t, asyncCommitSettings...)
 	ctx := t.Context()
 	for _, db := range []string{"lease_async", "res_async"} {
 		if err := cluster.CreateDatabase(ctx, db); err != nil {
@@ -93,8 +91,8 @@ func TestDurableOnAsyncCommitCluster(t *testing.T) {
 			wg.Wait()
 			stopLoad()
 			// Plain asynchronous commits, acknowledged after the store's
-			// last durable one.
-			controlAcked := control.bump(t, 20)
+			// last durable one and still in the server's WAL buffers.
+			controlAcked := control.bumpUnwritten(t)
 
 			if _, err := cluster.RestartImmediate(ctx); err != nil {
 				t.Fatal(err)
@@ -144,6 +142,19 @@ func TestDurableOnAsyncCommitCluster(t *testing.T) {
 	}
 }
 
+// asyncCommitSettings start a cluster whose plain commits a crash can
+// lose: synchronous_commit = off acknowledges a commit before its WAL
+// leaves the server's buffers, and wal_writer_delay at its maximum keeps
+// the WAL writer from writing it out on its own timer for far longer than
+// a test lasts. autovacuum = off keeps autovacuum workers, whose writes of
+// dirty pages must first write the WAL up to them, from doing that for the
+// control at a random moment.
+var asyncCommitSettings = []pgtemp.Option{
+	pgtemp.WithSetting("synchronous_commit", "off"),
+	pgtemp.WithSetting("wal_writer_delay", "10s"),
+	pgtemp.WithSetting("autovacuum", "off"),
+}
+
 // counter is the control: a row incremented by plain autocommit updates,
 // which run with the cluster's synchronous_commit = off.
 type counter struct {
@@ -160,17 +171,56 @@ func controlCounter(t *testing.T, dsn, suffix string) counter {
 	return c
 }
 
-// bump increments the counter n times, each its own acknowledged commit,
-// and returns the value acknowledged last.
-func (c counter) bump(t *testing.T, n int) int64 {
+// bumpUnwritten increments the counter, each increment its own
+// acknowledged commit, until the last one is still in the server's WAL
+// buffers, not written to the kernel: what an immediate stop then loses.
+// It returns the value acknowledged last.
+//
+// Asynchronous commits are written out by anything that writes the WAL:
+// a synchronous commit of another session (a statement of the load that
+// its cancelled context left running on the server), or the WAL writer,
+// which a backend wakes when a WAL page fills up and which then may write
+// everything inserted so far. So first wait until no other session is in a
+// statement or a transaction, then check after the increments that the
+// server's WAL write position (pg_current_wal_lsn) is still below the
+// insert position the last increment saw after its own row change; if the
+// WAL writer got there first, increment again. Nothing but the test
+// writes to this cluster, so the window between that check and the
+// immediate stop is only the WAL writer's 10-second timer.
+func (c counter) bumpUnwritten(t *testing.T) int64 {
 	t.Helper()
-	var v int64
-	for range n {
-		if err := c.pool.QueryRow(t.Context(), `UPDATE `+c.table+` SET n = n + 1 RETURNING n`).Scan(&v); err != nil {
+	ctx := t.Context()
+	for quiet := false; !quiet; {
+		var busy int
+		err := c.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() AND state <> 'idle'`).Scan(&busy)
+		if err != nil {
 			t.Fatal(err)
 		}
+		if quiet = busy == 0; !quiet {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
-	return v
+	for round := range 20 {
+		var v int64
+		var insertLSN string
+		for range 20 {
+			err := c.pool.QueryRow(ctx, `UPDATE `+c.table+` SET n = n + 1 RETURNING n, pg_current_wal_insert_lsn()::text`).Scan(&v, &insertLSN)
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		var unwritten bool
+		if err := c.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() < $1::pg_lsn`, insertLSN).Scan(&unwritten); err != nil {
+			t.Fatal(err)
+		}
+		if unwritten {
+			return v
+		}
+		t.Logf("control: round %d of 20 increments was written out of the WAL buffers before the crash; incrementing again", round+1)
+	}
+	t.Fatal("control: after 400 asynchronous increments the server had written every one to the kernel: a crash could not lose them, so the test would prove nothing")
+	return 0
 }
 
 func (c counter) read(t *testing.T) int64 {

@@ -36,9 +36,7 @@ import (
 // held and renews (the session row, its id and its expiry by the database
 // clock came back from the WAL with the token).
 func TestHolderSessionTokensAcrossCrash(t *testing.T) {
-	cluster := pgtemp.StartTB(t,
-		pgtemp.WithSetting("synchronous_commit", "off"),
-		pgtemp.WithSetting("wal_writer_delay", "10s"))
+	cluster := pgtemp.StartTB(t, asyncCommitSettings...)
 	ctx := t.Context()
 	if err := cluster.CreateDatabase(ctx, "lease_sess_crash"); err != nil {
 		t.Fatal(err)
@@ -108,7 +106,7 @@ func TestHolderSessionTokensAcrossCrash(t *testing.T) {
 			}
 			wg.Wait()
 			stopLoad()
-			controlAcked := control.bump(t, 20)
+			controlAcked := control.bumpUnwritten(t)
 
 			if _, err := cluster.RestartImmediate(ctx); err != nil {
 				t.Fatal(err)
