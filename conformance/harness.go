@@ -67,6 +67,13 @@ type Traits struct {
 	// Absent lists abilities the backend deliberately lacks, with the
 	// reason printed when a case skips because of it.
 	Absent map[Ability]string
+	// AttemptLog is the mode the harness's resources (OpenResource,
+	// UserDataResource) keep their attempt log in, and so what the suite
+	// expects Attempts to return: every check with leasecore.LogAll, the
+	// rejected ones with leasecore.LogRejected (the zero value, the
+	// backends' default), none with leasecore.LogNone. A harness whose
+	// resources log more or less than it declares fails X1 or F4.
+	AttemptLog leasecore.AttemptLog
 }
 
 // Ability names an optional ability a case may need.
@@ -265,8 +272,7 @@ type UserDataResources interface {
 	// ReadPart reads the first user table's row back (Writer and Token as
 	// the user row stores them); Rows reads every user table; Floor is
 	// the fence's floor of the scope; Attempts is the fence's attempt log
-	// of the scope, which the harness configures to log every check
-	// (leasecore.LogAll).
+	// of the scope, kept as Traits.AttemptLog declares.
 	//
 	// gap, when not nil, runs inside each write after the fence check and
 	// before the commit, so the write holds whatever it locks while gap

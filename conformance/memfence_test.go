@@ -41,9 +41,10 @@ func newMemHarness(context.Context) (conformance.Harness, error) {
 
 func (h *memHarness) Traits() conformance.Traits {
 	return conformance.Traits{
-		Name:      "memfence",
-		MinTTL:    memfence.MinTTL,
-		TokenStep: 1,
+		Name:       "memfence",
+		MinTTL:     memfence.MinTTL,
+		TokenStep:  1,
+		AttemptLog: leasecore.LogAll, // memfence logs every check
 		Absent: map[conformance.Ability]string{
 			conformance.AbilityLongTransaction: "an in-memory map has no transactions and one clock",
 			conformance.AbilityCrashRestart:    "in-memory state does not survive a crash",

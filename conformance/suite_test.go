@@ -504,3 +504,35 @@ func TestF11FailsSplitBrainAndReusedTokens(t *testing.T) {
 		t.Errorf("reused tokens: output lacks %q:\n%s", want, out)
 	}
 }
+
+// attemptLogDeclared declares log as the memfence resources' attempt log;
+// they log every check whatever it says.
+type attemptLogDeclared struct {
+	*memHarness
+	log leasecore.AttemptLog
+}
+
+func (h attemptLogDeclared) Traits() conformance.Traits {
+	t := h.memHarness.Traits()
+	t.AttemptLog = h.log
+	return t
+}
+
+// TestSuiteChecksDeclaredAttemptLog: X1 reads the attempt log after an
+// accepted write and expects what Traits.AttemptLog declares, so a harness
+// whose resources log every check but declare the default (rejected
+// checks only) fails, and so does one declaring no log at all.
+func TestSuiteChecksDeclaredAttemptLog(t *testing.T) {
+	for _, log := range []leasecore.AttemptLog{leasecore.LogRejected, leasecore.LogNone} {
+		t.Run(log.String(), func(t *testing.T) {
+			sum, out := report(t, func(ctx context.Context) (conformance.Harness, error) {
+				h, _ := newMemHarness(ctx)
+				return attemptLogDeclared{h.(*memHarness), log}, nil
+			}, "X1")
+			want := "want none (the harness logs attempts with " + log.String() + ")"
+			if !strings.Contains(out, want) || sum.Failed == 0 {
+				t.Errorf("Summary.Failed = %d; output lacks %q:\n%s", sum.Failed, want, out)
+			}
+		})
+	}
+}

@@ -325,6 +325,11 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 			switch {
 			case err != nil:
 				return fmt.Errorf("attempts: %s", describeErr(err))
+			case c.traits.AttemptLog != leasecore.LogAll:
+				// An accepted write is logged with LogAll only.
+				if len(as) != 0 {
+					return fmt.Errorf("attempts: %s, want none (the harness logs attempts with %s)", describeAttempts(as), c.traits.AttemptLog)
+				}
 			case len(as) != 1 || as[0].Scope != v || as[0].Part != v || as[0].Writer != v || as[0].Token != g.Token || !as[0].Accepted:
 				return fmt.Errorf("attempts: %s, want the one accepted write", describeAttempts(as))
 			}

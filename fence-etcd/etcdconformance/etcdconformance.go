@@ -158,6 +158,7 @@ func (h *harness) Traits() conformance.Traits {
 		MinTTL:         fenceetcd.MinTTL,
 		TTLGranularity: time.Second,
 		TokenStep:      0, // tokens are revisions: every write to the cluster advances them
+		AttemptLog:     leasecore.LogAll,
 		Absent:         absent,
 	}
 }

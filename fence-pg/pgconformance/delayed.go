@@ -47,7 +47,7 @@ func (h *harness) ResourcesVia(ctx context.Context, addr string) (fenced, unfenc
 	if err != nil {
 		return nil, nil, err
 	}
-	res, err := fp.Resource(logAll)
+	res, err := fp.Resource(h.cfg.logOption())
 	if err != nil {
 		return nil, nil, err
 	}

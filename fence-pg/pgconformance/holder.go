@@ -7,6 +7,7 @@ import (
 	"os/exec"
 
 	"github.com/leasefence/leasefence/conformance"
+	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
@@ -26,6 +27,9 @@ type holderSpec struct {
 	// HolderSessions: the holder's lease store uses
 	// fencepg.WithHolderSessions, like the harness's.
 	HolderSessions bool `json:"holder_sessions,omitempty"`
+	// DefaultAttemptLog: the holder's resource keeps fencepg's default
+	// attempt log, like the harness's.
+	DefaultAttemptLog bool `json:"default_attempt_log,omitempty"`
 }
 
 // HolderCommand implements conformance.HolderProcesses: the running binary
@@ -41,7 +45,7 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 	}
 	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
 		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind, Pooler: h.cfg.Pooler,
-			HolderSessions: h.cfg.HolderSessions})
+			HolderSessions: h.cfg.HolderSessions, DefaultAttemptLog: h.cfg.DefaultAttemptLog})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -72,7 +76,8 @@ func HolderMain() int {
 			_ = leasePool.Close()
 			return nil, nil, nil, err
 		}
-		res, closeRes, err := OpenHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind)
+		res, closeRes, err := openHolderResource(ctx, spec.Driver, spec.ResourceDSN, spec.Kind,
+			Config{DefaultAttemptLog: spec.DefaultAttemptLog}.logOption())
 		if err != nil {
 			_ = leasePool.Close()
 			return nil, nil, nil, err
@@ -85,10 +90,15 @@ func HolderMain() int {
 // fenced resource, the unfenced negative control, the suite's user tables
 // behind fencepg.Fence, the marker-first control, or the fenced outbox
 // (whose relay the holder's RELAY runs), on the resource
-// database with driver. A holder whose lease lives on another backend (the
-// etcd-lease, PostgreSQL-resource pairing) uses it too. close closes the
-// pool.
+// database with driver, every check logged (leasecore.LogAll). A holder
+// whose lease lives on another backend (the etcd-lease, PostgreSQL-resource
+// pairing) uses it too. close closes the pool.
 func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformance.ResourceKind) (res leasecore.FencedResource, close func() error, err error) {
+	return openHolderResource(ctx, driver, dsn, kind, Config{}.logOption())
+}
+
+// openHolderResource is OpenHolderResource with the fences' attempt log.
+func openHolderResource(ctx context.Context, driver, dsn string, kind conformance.ResourceKind, log fencepg.Option) (res leasecore.FencedResource, close func() error, err error) {
 	pool, err := pgopen.Open(ctx, driver, dsn, 2)
 	if err != nil {
 		return nil, nil, err
@@ -100,16 +110,16 @@ func OpenHolderResource(ctx context.Context, driver, dsn string, kind conformanc
 	}()
 	switch kind {
 	case conformance.KindFenced:
-		res, err = pool.Resource(logAll)
+		res, err = pool.Resource(log)
 	case conformance.KindUnfenced:
 		var controls *pgcontrol.Controls
 		if controls, err = pool.Controls(); err == nil {
 			res = controls.Unfenced()
 		}
 	case conformance.KindOutbox: // RELAY runs its relay
-		res, err = newOutboxResource(pool, true)
+		res, err = newOutboxResource(pool, true, log)
 	default:
-		res, err = holderUserResource(pool, kind)
+		res, err = holderUserResource(pool, kind, log)
 	}
 	if err != nil {
 		return nil, nil, err

@@ -56,7 +56,7 @@ func (h *harness) MoveTarget(ctx context.Context) (conformance.Resource, string,
 	if err != nil {
 		return nil, "", err
 	}
-	res, err := c.Resource(logAll)
+	res, err := c.Resource(h.cfg.logOption())
 	return res, m.name, err
 }
 
@@ -104,10 +104,10 @@ func (h *harness) moveTarget(ctx context.Context) (*moves, error) {
 	if m.new, err = h.open(ctx, dsn, 1); err != nil {
 		return nil, err
 	}
-	if m.oldFence, err = newFence(m.old); err != nil {
+	if m.oldFence, err = newFence(m.old, h.cfg.logOption()); err != nil {
 		return nil, err
 	}
-	if m.newFence, err = newFence(m.new); err != nil {
+	if m.newFence, err = newFence(m.new, h.cfg.logOption()); err != nil {
 		return nil, err
 	}
 	m.name, m.dsn = name, dsn
@@ -178,11 +178,11 @@ func (h *harness) MoveScope(ctx context.Context, scope string, mode conformance.
 }
 
 // newFence is a fencepg.Fence on p, of the pool's driver.
-func newFence(p pgopen.Pool) (*fencepg.Fence, error) {
+func newFence(p pgopen.Pool, log fencepg.Option) (*fencepg.Fence, error) {
 	if p.Pgx != nil {
-		return fencepg.NewFence(p.Pgx, logAll)
+		return fencepg.NewFence(p.Pgx, log)
 	}
-	return fencepg.NewFenceDB(p.SQL, logAll)
+	return fencepg.NewFenceDB(p.SQL, log)
 }
 
 // movedPart is one part as the mover copies it.

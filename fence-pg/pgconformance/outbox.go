@@ -29,7 +29,7 @@ func (h *harness) FencedOutbox(ctx context.Context) (conformance.Outbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	return newOutboxResource(c, true)
+	return newOutboxResource(c, true, h.cfg.logOption())
 }
 
 // UnfencedOutbox implements conformance.OutboxResources.
@@ -38,7 +38,7 @@ func (h *harness) UnfencedOutbox(ctx context.Context) (conformance.Outbox, error
 	if err != nil {
 		return nil, err
 	}
-	return newOutboxResource(c, false)
+	return newOutboxResource(c, false, h.cfg.logOption())
 }
 
 // outboxResource is conformance.Outbox on fencepg.Outbox.
@@ -48,8 +48,8 @@ type outboxResource struct {
 	fenced        bool
 }
 
-func newOutboxResource(c pgopen.Pool, fenced bool) (*outboxResource, error) {
-	u, err := newUserResource(c, nil)
+func newOutboxResource(c pgopen.Pool, fenced bool, log fencepg.Option) (*outboxResource, error) {
+	u, err := newUserResource(c, nil, log)
 	if err != nil {
 		return nil, err
 	}

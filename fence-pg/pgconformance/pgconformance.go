@@ -81,6 +81,17 @@ type Config struct {
 	// names of different TTLs on different sessions, its own live name
 	// refused, a lost acquire's answer undone).
 	HolderSessions bool
+
+	// DefaultAttemptLog runs the suite with fencepg's default attempt log
+	// (rejected checks only) on every fence and fenced resource, instead
+	// of leasecore.LogAll. Only then do the statements users get by
+	// default run: Resource.Write's fast path and its statements shared by
+	// concurrent writes, Fence's check that only reads a floor already
+	// equal to the token. LogAll makes every check the full one, which
+	// also inserts the accepted attempt's row. The traits declare the mode
+	// (conformance.Traits.AttemptLog); the traits' name ends in
+	// "/default-attempt-log".
+	DefaultAttemptLog bool
 }
 
 // New returns the suite's factory for cfg. Each call of the factory opens
@@ -94,10 +105,21 @@ func New(cfg Config) conformance.NewHarness {
 
 const pkg = "pgconformance"
 
-// logAll makes the fenced resources log every attempt, accepted or not: the
-// suite reads the whole log (F4: exactly one rejected attempt by A), and the
-// lab prints it.
-var logAll = fencepg.WithAttemptLog(leasecore.LogAll)
+// attemptLog is the attempt log of every fence and fenced resource the
+// harness opens, its holder processes' included: leasecore.LogAll (the
+// suite reads the whole log, and the lab prints it), or fencepg's default,
+// rejected checks only, with Config.DefaultAttemptLog.
+func attemptLog(defaultLog bool) leasecore.AttemptLog {
+	if defaultLog {
+		return leasecore.LogRejected
+	}
+	return leasecore.LogAll
+}
+
+// logOption is attemptLog as the option of fencepg's constructors.
+func (cfg Config) logOption() fencepg.Option {
+	return fencepg.WithAttemptLog(attemptLog(cfg.DefaultAttemptLog))
+}
 
 // Pool sizes. A lease client has exactly one connection, so that 16 clients
 // racing behind the suite's barrier are 16 sessions on the server.
@@ -192,14 +214,18 @@ func (h *harness) Traits() conformance.Traits {
 	if h.cfg.HolderSessions {
 		name += "/holder-sessions"
 	}
+	if h.cfg.DefaultAttemptLog {
+		name += "/default-attempt-log"
+	}
 	if h.cfg.Pooler != "" {
 		name += " behind " + h.cfg.Pooler
 	}
 	return conformance.Traits{
-		Name:      name,
-		MinTTL:    fencepg.MinTTL,
-		TokenStep: 1,
-		Absent:    absent,
+		Name:       name,
+		MinTTL:     fencepg.MinTTL,
+		TokenStep:  1,
+		AttemptLog: attemptLog(h.cfg.DefaultAttemptLog),
+		Absent:     absent,
 	}
 }
 
@@ -233,7 +259,7 @@ func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error
 	if err != nil {
 		return nil, err
 	}
-	return c.Resource(logAll)
+	return c.Resource(h.cfg.logOption())
 }
 
 // FencedResourceWithGap implements conformance.CommitGapResources with
@@ -244,7 +270,7 @@ func (h *harness) FencedResourceWithGap(ctx context.Context, gap conformance.Gap
 	if err != nil {
 		return nil, err
 	}
-	res, err := c.Resource(logAll)
+	res, err := c.Resource(h.cfg.logOption())
 	if err != nil {
 		return nil, err
 	}

@@ -60,7 +60,7 @@ func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (co
 	if err != nil {
 		return nil, err
 	}
-	return newUserResource(c, gap)
+	return newUserResource(c, gap, h.cfg.logOption())
 }
 
 // MarkerFirstResource implements conformance.UserDataResources: the
@@ -71,7 +71,7 @@ func (h *harness) MarkerFirstResource(ctx context.Context) (conformance.MarkerFi
 	if err != nil {
 		return nil, err
 	}
-	return newMarkerFirst(c)
+	return newMarkerFirst(c, h.cfg.logOption())
 }
 
 // userRows reads the user tables; the readers of both user resources.
@@ -121,13 +121,13 @@ type userResource struct {
 	gap   conformance.Gap
 }
 
-func newUserResource(c pgopen.Pool, gap conformance.Gap) (*userResource, error) {
+func newUserResource(c pgopen.Pool, gap conformance.Gap, log fencepg.Option) (*userResource, error) {
 	var fence *fencepg.Fence
 	var err error
 	if c.Pgx != nil {
-		fence, err = fencepg.NewFence(c.Pgx, logAll)
+		fence, err = fencepg.NewFence(c.Pgx, log)
 	} else {
-		fence, err = fencepg.NewFenceDB(c.SQL, logAll)
+		fence, err = fencepg.NewFenceDB(c.SQL, log)
 	}
 	if err != nil {
 		return nil, err
@@ -195,8 +195,8 @@ type markerFirst struct {
 
 var _ conformance.Preparer = (*markerFirst)(nil)
 
-func newMarkerFirst(c pgopen.Pool) (*markerFirst, error) {
-	parts, err := c.Resource(logAll)
+func newMarkerFirst(c pgopen.Pool, log fencepg.Option) (*markerFirst, error) {
+	parts, err := c.Resource(log)
 	if err != nil {
 		return nil, err
 	}
@@ -246,12 +246,12 @@ func (m *markerFirst) Attempts(ctx context.Context, scope string) ([]leasecore.A
 }
 
 // holderUserResource opens the resource of a user-data holder kind on c.
-func holderUserResource(c pgopen.Pool, kind conformance.ResourceKind) (leasecore.FencedResource, error) {
+func holderUserResource(c pgopen.Pool, kind conformance.ResourceKind, log fencepg.Option) (leasecore.FencedResource, error) {
 	switch kind {
 	case conformance.KindUserData:
-		return newUserResource(c, nil)
+		return newUserResource(c, nil, log)
 	case conformance.KindMarkerFirst:
-		return newMarkerFirst(c)
+		return newMarkerFirst(c, log)
 	}
 	return nil, fmt.Errorf("%s: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 }

@@ -14,7 +14,10 @@ import (
 // Read Committed, so the library must set the level it needs where it
 // begins a transaction, and retry the serialization failures that a
 // single statement of its own can get at a stricter level. One driver:
-// isolation is the server's behaviour, not the driver's.
+// isolation is the server's behaviour, not the driver's. With fencepg's
+// default attempt log, so that the statements users get by default run at
+// serializable too: Resource.Write's fast path (a SKIP LOCKED floor read)
+// and its statements shared by concurrent writes.
 func TestConformanceSerializableDefault(t *testing.T) {
 	cluster := pgtemp.StartTB(t, pgtemp.WithSetting("default_transaction_isolation", "serializable"))
 	for _, db := range []string{"lease_ser", "res_ser"} {
@@ -23,10 +26,11 @@ func TestConformanceSerializableDefault(t *testing.T) {
 		}
 	}
 	conformance.Run(t, pgconformance.New(pgconformance.Config{
-		Driver:      pgconformance.DriverPgx,
-		LeaseDSN:    cluster.DSN("lease_ser"),
-		ResourceDSN: cluster.DSN("res_ser"),
-		HolderArgs:  []string{"-test.run=^$"},
-		Cluster:     cluster,
+		Driver:            pgconformance.DriverPgx,
+		LeaseDSN:          cluster.DSN("lease_ser"),
+		ResourceDSN:       cluster.DSN("res_ser"),
+		HolderArgs:        []string{"-test.run=^$"},
+		Cluster:           cluster,
+		DefaultAttemptLog: true,
 	}))
 }

@@ -53,6 +53,7 @@ func (h *harness) Traits() conformance.Traits {
 		MinTTL:         fenceetcd.MinTTL, // the shortest TTL the lease honours
 		TTLGranularity: time.Second,      // etcd leases have whole seconds; 0 for exact TTLs
 		TokenStep:      0,                // tokens only increase (1: always the previous + 1)
+		AttemptLog:     leasecore.LogAll, // as OpenResource's resources log (the suite reads the log)
 		Absent: map[conformance.Ability]string{ // each with the reason the skip prints
 			conformance.AbilityLongTransaction:  "etcd has no interactive transactions",
 			conformance.AbilityCommitGap:        "an etcd Txn is one request: nothing to pause",

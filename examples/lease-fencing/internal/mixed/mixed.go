@@ -75,6 +75,7 @@ func (h *harness) Traits() conformance.Traits {
 		MinTTL:         fenceetcd.MinTTL,
 		TTLGranularity: time.Second,
 		TokenStep:      0,
+		AttemptLog:     h.pg.Traits().AttemptLog, // the resources are the PostgreSQL harness's
 		Absent: map[conformance.Ability]string{
 			conformance.AbilityLongTransaction: "the lease lives on etcd, which has no transaction clock (F2 on PostgreSQL shows it)",
 			conformance.AbilityCrashRestart:    "each backend's crash is its own F8 (postgres, etcd); the pair adds nothing to it",
