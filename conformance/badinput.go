@@ -17,9 +17,9 @@ import (
 // already cancelled. It must fail with an error that wraps Want and whose
 // message contains Mention, and it must change nothing.
 type BadCall struct {
-	// Group is the entry point: "acquire", "renew", "release", "renew all",
-	// "inspect", "write", "write batch", "read" (Floor, ReadPart and
-	// Attempts) or "advance".
+	// Group is the entry point: "acquire", "acquire all", "renew",
+	// "release", "renew all", "inspect", "write", "write batch", "read"
+	// (Floor, ReadPart and Attempts) or "advance".
 	Group string
 	// Name is the row, unique within one table, e.g. "acquire holder
 	// leading space" or "write batch cancelled context".
@@ -81,14 +81,16 @@ func (b BadCall) check(err error) error {
 type BadInput struct {
 	// Lease, when not nil, gets rows for Acquire, Renew and Release; for
 	// Inspect when it is a leasecore.LeaseInspector; for RenewAll when it
-	// is a leasecore.BatchRenewer.
+	// is a leasecore.BatchRenewer; for AcquireAll when it is a
+	// leasecore.BatchAcquirer.
 	Lease leasecore.Lease
 	// Grant is a valid grant of Lease (name, holder, token, TTL): the
 	// renew, release and renew-all rows change one of its fields; the
 	// acquire rows use its Holder and TTL.
 	Grant leasecore.Grant
 	// Free is a valid lease name that the acquire rows try to take and
-	// that the renew-all rows give their second grant.
+	// that the renew-all rows give their second grant. The acquire-all
+	// rows try to take it with Free + "-2".
 	Free string
 
 	// Resource, when not nil, gets rows for Write; for WriteBatch when it
@@ -222,6 +224,34 @@ func BadInputCalls(in BadInput) []BadCall {
 			addInv("acquire", "acquire ttl "+t.label, "ttl", acquire(in.Free, grant.Holder, t.v))
 		}
 		addCancelled("acquire", "acquire", acquire(in.Free, grant.Holder, grant.TTL))
+
+		if ba, ok := l.(leasecore.BatchAcquirer); ok {
+			const group = "acquire all"
+			acquireAll := func(names []string, holder string, ttl time.Duration) func(context.Context) error {
+				return func(ctx context.Context) error { _, _, err := ba.AcquireAll(ctx, names, holder, ttl); return err }
+			}
+			// Two free names: a call that let bad input through would
+			// take Free, where the suite looks.
+			pair := func(second string) []string { return []string{in.Free, second} }
+			okNames := pair(in.Free + "-2")
+			addInv(group, "acquire all no names", "names", acquireAll(nil, grant.Holder, grant.TTL))
+			many := make([]string, leasecore.MaxAcquireAll+1)
+			for i := range many {
+				many[i] = fmt.Sprint(in.Free, "-", i)
+			}
+			addInv(group, "acquire all too many names", "names", acquireAll(many, grant.Holder, grant.TTL))
+			addInv(group, "acquire all repeated name", "names[1]", acquireAll(pair(in.Free), grant.Holder, grant.TTL))
+			for _, b := range badNames(in.Free + "-2") {
+				addInv(group, "acquire all names[1] "+b.label, "names[1]", acquireAll(pair(b.v), grant.Holder, grant.TTL))
+			}
+			for _, b := range badNames(grant.Holder) {
+				addInv(group, "acquire all holder "+b.label, "holder", acquireAll(okNames, b.v, grant.TTL))
+			}
+			for _, t := range ttls {
+				addInv(group, "acquire all ttl "+t.label, "ttl", acquireAll(okNames, grant.Holder, t.v))
+			}
+			addCancelled(group, "acquire all", acquireAll(okNames, grant.Holder, grant.TTL))
+		}
 
 		for _, op := range []struct {
 			name string

@@ -423,11 +423,27 @@ func TestX1FailsBrokenInputHandling(t *testing.T) {
 	}
 }
 
+// memBatchLeases gives memfence's leases an AcquireAll (one Acquire per
+// name after leasecore.CheckAcquireAll), so that TestBadInputCalls has
+// acquire-all rows to run.
+type memBatchLeases struct{ *memfence.Leases }
+
+func (l memBatchLeases) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) ([]leasecore.Grant, []error, error) {
+	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, memfence.MinTTL); err != nil {
+		return nil, nil, err
+	}
+	grants, errs := make([]leasecore.Grant, len(names)), make([]error, len(names))
+	for i, n := range names {
+		grants[i], errs[i] = l.Acquire(ctx, n, holder, ttl)
+	}
+	return grants, errs, nil
+}
+
 // TestBadInputCalls: the exported rows have distinct names and all pass
 // against memfence directly, and BadCall.Run says what is wrong.
 func TestBadInputCalls(t *testing.T) {
 	ctx := context.Background()
-	leases := memfence.NewLeases(nil)
+	leases := memBatchLeases{memfence.NewLeases(nil)}
 	g, err := leases.Acquire(ctx, "job", "host", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -447,8 +463,8 @@ func TestBadInputCalls(t *testing.T) {
 			t.Errorf("%s: %v", c.Name, err)
 		}
 	}
-	if len(groups) != 9 {
-		t.Errorf("groups %v, want acquire, renew, release, renew all, inspect, write, write batch, read, advance", groups)
+	if len(groups) != 10 {
+		t.Errorf("groups %v, want acquire, acquire all, renew, release, renew all, inspect, write, write batch, read, advance", groups)
 	}
 
 	inv := leasecore.ErrInvalidArgument

@@ -68,6 +68,9 @@ func caseX1(ctx context.Context, c *caseRun, h Harness) {
 	if _, ok := lease.(leasecore.BatchRenewer); !ok {
 		c.Notef("the lease client does not implement leasecore.BatchRenewer: no renew-all rows")
 	}
+	if _, ok := lease.(leasecore.BatchAcquirer); !ok {
+		c.Notef("the lease client does not implement leasecore.BatchAcquirer: no acquire-all rows")
+	}
 	if _, ok := res.(leasecore.BatchWriter); !ok {
 		c.Notef("the resource does not implement leasecore.BatchWriter: no write-batch rows")
 	}
