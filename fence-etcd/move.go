@@ -40,7 +40,11 @@ const maxSealRounds = 100
 // which fails, and is sent again after a new read, only if the floor moved
 // in between. A guarded transaction that etcd applied before the seal is in
 // what reads see; one it would apply after finds the sealed floor and is
-// not applied.
+// not applied. Writers that raise the floor without pause (new tokens,
+// one after another, faster than a round trip) can make every round fail:
+// after 100 in a row Seal returns an error wrapping
+// leasecore.ErrUnavailable, having written nothing; stop the scope's
+// holders (or let the lease pass less often) and call it again.
 //
 // Sealing a sealed scope writes nothing and returns the ScopeSeal of the
 // first seal, with reads run in one read-only transaction, so a move that
