@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"sync"
 
-	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 )
 
 // renewBatcher gathers the fast renewals (RenewSessionsGeneration) that
@@ -125,30 +125,13 @@ func (b *renewBatcher) run(s *LeaseStore, batch []*fastRenewal) {
 		return
 	}
 
-	// The statement lives while at least one caller waits for it.
 	ctxs := make([]context.Context, len(waiting))
 	for i, r := range waiting {
 		ctxs[i] = r.ctx
 	}
-	ctx, release := whileAnyWaits(ctxs)
-	defer release()
-
-	extended := map[key]bool{}
-	err = pgstore.RetryConflicts(ctx, func() error {
-		clear(extended)
-		rows, err := s.db.Query(ctx, s.sess.renewGeneration, string(arg))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k key
-			if err := rows.Scan(&k.holder, &k.ttlUs, &k.sessionID, &k.generation); err != nil {
-				return err
-			}
-			extended[k] = true
-		}
-		return rows.Err()
+	extended, err := queryShared(s.db, ctxs, s.sess.renewGeneration, arg, func(rows dbx.Rows) (k key, err error) {
+		err = rows.Scan(&k.holder, &k.ttlUs, &k.sessionID, &k.generation)
+		return k, err
 	})
 	for _, r := range waiting {
 		if err != nil {

@@ -6,7 +6,6 @@ import (
 	"sync"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -189,30 +188,13 @@ func (b *writeBatcher) run(r *Resource, batch []*queuedWrite) {
 		return
 	}
 
-	// The statement lives while at least one caller waits for it.
 	ctxs := make([]context.Context, len(waiting))
 	for i, qw := range waiting {
 		ctxs[i] = qw.ctx
 	}
-	ctx, release := whileAnyWaits(ctxs)
-	defer release()
-
-	stored := make(map[partKey]bool, len(waiting))
-	err = pgstore.RetryConflicts(ctx, func() error {
-		clear(stored)
-		rows, err := r.fence.db.Query(ctx, r.fence.stmt.writeManyShared, string(arg))
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var k partKey
-			if err := rows.Scan(&k.scope, &k.part); err != nil {
-				return err
-			}
-			stored[k] = true
-		}
-		return rows.Err()
+	stored, err := queryShared(r.fence.db, ctxs, r.fence.stmt.writeManyShared, arg, func(rows dbx.Rows) (k partKey, err error) {
+		err = rows.Scan(&k.scope, &k.part)
+		return k, err
 	})
 	for _, qw := range waiting {
 		if err != nil {
