@@ -85,10 +85,9 @@ type Config struct {
 	// DefaultAttemptLog runs the suite with fencepg's default attempt log
 	// (rejected checks only) on every fence and fenced resource, instead
 	// of leasecore.LogAll. Only then do the statements users get by
-	// default run: Resource.Write's fast path and its statements shared by
-	// concurrent writes, Fence's check that only reads a floor already
-	// equal to the token. LogAll makes every check the full one, which
-	// also inserts the accepted attempt's row. The traits declare the mode
+	// default run: Resource.Write's fast path and Fence's check that only
+	// reads a floor already equal to the token. LogAll makes every check
+	// the full one, which also inserts the accepted attempt's row. The traits declare the mode
 	// (conformance.Traits.AttemptLog); the traits' name ends in
 	// "/default-attempt-log".
 	DefaultAttemptLog bool

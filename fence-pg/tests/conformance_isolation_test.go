@@ -17,7 +17,9 @@ import (
 // isolation is the server's behaviour, not the driver's. With fencepg's
 // default attempt log, so that the statements users get by default run at
 // serializable too: Resource.Write's fast path (a SKIP LOCKED floor read)
-// and its statements shared by concurrent writes.
+// and RunTx's read-only check. (The suite's writers each have a Resource
+// of their own, so Resource.Write's statements shared by overlapping
+// writes are tested in writebatch_test.go, at Read Committed.)
 func TestConformanceSerializableDefault(t *testing.T) {
 	cluster := pgtemp.StartTB(t, pgtemp.WithSetting("default_transaction_isolation", "serializable"))
 	for _, db := range []string{"lease_ser", "res_ser"} {
