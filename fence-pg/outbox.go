@@ -67,10 +67,12 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 //     deduplicates by OutboxEntry.ID and, per scope, rejects a token below
 //     the largest it accepted (see leasecore.OutboxEntry): a duplicate is a
 //     no-op, and no entry arrives for the first time after a newer version
-//     of its scope was accepted, because each relay delivers in seq order
-//     and moves on only after an acknowledgement, and within a scope the
-//     entries of a smaller token have smaller seqs (the fence serialises
-//     their transactions). Run one relay (under a lease, with
+//     of its scope was accepted, because each relay delivers in seq order,
+//     reads every page from the oldest entry still pending (an entry that
+//     committed late, behind seqs already delivered, comes first), and
+//     moves on only after an acknowledgement, and within a scope the
+//     entries of a smaller token have smaller seqs and commit first (the
+//     fence serialises their transactions). Run one relay (under a lease, with
 //     leasecore.Campaign) to avoid the duplicate traffic, not for
 //     correctness.
 //
@@ -225,8 +227,13 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 		return 0, err
 	}
 	n := 0
-	for after := int64(0); ; {
-		page, err := o.pending(ctx, op, after, relayPage)
+	for {
+		// Every page starts at the oldest pending entry, not after the
+		// last one delivered: seqs follow insert order, commits do not, so
+		// an entry can become visible behind the last seq delivered, and
+		// a newer entry of its scope may already be behind it (see Outbox).
+		// What this relay delivered is marked, so it is not read again.
+		page, err := o.pending(ctx, op, relayPage)
 		if err != nil || len(page) == 0 {
 			return n, err
 		}
@@ -247,7 +254,6 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 				return n, pgstore.MapError(ctx, pkg, op+": mark delivered", err)
 			}
 			n++
-			after = e.Seq
 		}
 	}
 }
@@ -264,15 +270,15 @@ func (o *Outbox) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntr
 	if err := leasecore.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
-	return o.pending(ctx, op, 0, limit)
+	return o.pending(ctx, op, limit)
 }
 
-// pending reads at most limit undelivered entries with seq above after.
-func (o *Outbox) pending(ctx context.Context, op string, after int64, limit int) ([]leasecore.OutboxEntry, error) {
+// pending reads the first limit undelivered entries in seq order.
+func (o *Outbox) pending(ctx context.Context, op string, limit int) ([]leasecore.OutboxEntry, error) {
 	var out []leasecore.OutboxEntry
 	err := pgstore.RetrySerialization(ctx, func() error {
 		out = out[:0]
-		rows, err := o.db.Query(ctx, o.stmt.pending, after, limit)
+		rows, err := o.db.Query(ctx, o.stmt.pending, limit)
 		if err != nil {
 			return err
 		}

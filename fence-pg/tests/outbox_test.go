@@ -564,3 +564,61 @@ func TestOutboxRuntimeRole(t *testing.T) {
 		}
 	})
 }
+
+// TestOutboxRelayLateCommittedEntry: an entry whose transaction commits
+// after the relay has read past its seq is still delivered before the
+// newer entries of its scope. Sequence numbers follow insert order, commits
+// do not: here s1's token-1 entry takes its seq, then s2's entry (a larger
+// seq) commits first, and the relay reads and delivers it alone. While the
+// downstream handles it, s1's transaction commits and s1's token-2 entry is
+// added. A relay that went on from the seq it last delivered would skip
+// s1's token-1 entry and deliver token 2 first, and the downstream would
+// then reject token 1 as stale, a version of the scope it never saw.
+func TestOutboxRelayLateCommittedEntry(t *testing.T) {
+	f := newOutboxFixture(t, pgopen.Pgx)
+	ctx := context.Background()
+	s1 := leasecore.Claim{Scope: "s1", Writer: "w1", Token: 1}
+	added, commit := make(chan error, 1), make(chan struct{})
+	var open sync.WaitGroup
+	open.Go(func() {
+		_, err := f.fence.RunTx(ctx, s1, func(tx pgx.Tx) error {
+			_, err := f.outbox.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
+			added <- err
+			<-commit
+			return err
+		})
+		if err != nil {
+			t.Error(err)
+		}
+	})
+	if err := <-added; err != nil {
+		close(commit)
+		t.Fatal(err)
+	}
+	if _, _, err := f.publish(t, leasecore.Claim{Scope: "s2", Writer: "w1", Token: 1}, nil, "s2-1"); err != nil {
+		close(commit)
+		t.Fatal(err)
+	}
+
+	d := newDownstream()
+	var order []string
+	n, err := f.outbox.Relay(ctx, func(ctx context.Context, e leasecore.OutboxEntry) error {
+		order = append(order, string(e.Payload))
+		if string(e.Payload) == "s2-1" {
+			close(commit) // s1's token-1 entry commits behind the relay's cursor
+			open.Wait()
+			if _, _, err := f.publish(t, leasecore.Claim{Scope: "s1", Writer: "w2", Token: 2}, nil, "s1-2"); err != nil {
+				return err
+			}
+		}
+		return d.deliver(ctx, e)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStrings(t, "delivery order", order, "s2-1", "s1-1", "s1-2")
+	if n != 3 || len(d.stale) > 0 {
+		t.Fatalf("delivered %d, rejected as stale %v: want 3, none", n, d.stale)
+	}
+	wantStrings(t, "pending at the end", f.pending(t))
+}

@@ -19,10 +19,10 @@ var OutboxAdd = `INSERT INTO leasefence.outbox (scope, token, writer, topic, pay
 SELECT $1::text, $2::bigint, $3::text, $4::text, $5::bytea FROM (` + sharedFloor + `) AS same
 RETURNING seq, id::text, created_at`
 
-// OutboxPending returns at most $2 undelivered entries with seq above $1,
-// in seq order: a relay's page (the partial index outbox_pending).
+// OutboxPending returns the first $1 undelivered entries in seq order: a
+// relay's page (the partial index outbox_pending).
 const OutboxPending = `SELECT seq, id::text, scope, token, writer, topic, payload, created_at
-  FROM leasefence.outbox WHERE delivered_at IS NULL AND seq > $1::bigint ORDER BY seq LIMIT $2::int`
+  FROM leasefence.outbox WHERE delivered_at IS NULL ORDER BY seq LIMIT $1::int`
 
 // OutboxMarkDelivered marks entry $1 delivered, unless another relay did
 // already (its time stays). It carries DurableCommit like the statements
