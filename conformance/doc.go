@@ -21,6 +21,12 @@
 // suite's own tables written through the backend's public fence API in one
 // atomic operation (UserDataResources). F4m is their negative control, a
 // fenced marker first and the rows second, losing to a frozen holder.
+// F6u and F18 check that such an operation decides when it commits: a
+// writer paused before its commit (F6u), a holder process frozen with
+// SIGSTOP inside its transaction past its lease, or one slow inside it
+// (F18), holds up no newer holder's Advance or write on the fence, and is
+// rejected at its commit. F18's negative control (CheckFirstControl) is
+// the transaction that checks first and holds the floor until it commits.
 //
 // Case F9b builds F9's remedy (OutboxResources): the side effect recorded
 // as an outbox entry in the same fenced operation as the data and relayed

@@ -50,13 +50,89 @@ func caseF6(ctx context.Context, c *caseRun, h Harness) {
 	c.Section("b: conditional floor update", func(c *caseRun) { conditionalRace(ctx, c, h, partStore, "daily-report-f6b") })
 }
 
-// caseF6u is F6(b) writing the suite's own user tables through the fence:
-// the check and the user rows are one transaction (Txn), paused between
-// the check and the commit.
+// caseF6u is F6(b)'s interleaving on the suite's own user tables written
+// through the fence, whose transaction (Txn) decides at commit: the first
+// writer pauses after its rows, before its commit, and the second writer
+// never waits on the fence for it. A then B: B's token reaches the floor
+// while A's transaction is open, and A's commit is then rejected. B then
+// A: A's write returns while B's transaction is open (rejected by the
+// floor B already raised, or accepted before B commits: either keeps I3).
+// Unlike F6(b)'s part store, whose write is one statement, a transaction
+// the caller fills can be held open by a paused client for any length of
+// time; a check that held the floor row for it would make every newer
+// writer wait (F18's negative control).
 func caseF6u(ctx context.Context, c *caseRun, h Harness) {
-	need[UserDataResources](c, h, AbilityUserData) // before the commit-gap and lock-wait abilities
+	need[UserDataResources](c, h, AbilityUserData) // before the commit-gap ability
 	c.noteUserTarget(userTables)
-	conditionalRace(ctx, c, h, userTables, "daily-report-f6u")
+	const prefix = "daily-report-f6u"
+	if reason, absent := c.traits.Absent[AbilityCommitGap]; absent {
+		c.Notef("%s absent (%s): the atomic analogue runs instead: A and B released together behind a barrier, each one atomic compare-and-write, %d rounds on fresh scopes",
+			AbilityCommitGap, reason, atomicRounds)
+		atomicRace(c, userTables.open(c, h, nil), prefix)
+		return
+	}
+	// A then B.
+	a, b := raceA(prefix+"-ab"), raceB(prefix+"-ab")
+	l := newLatch(a.Writer)
+	res := userTables.open(c, h, l.gap)
+	aDone := goWrite(ctx, res, a)
+	c.waitPaused(l) // A wrote its rows and has not committed
+	bDone := goWrite(ctx, res, b)
+	floor := c.waitFloor(res, b.Scope, b.Token, 10*time.Second)
+	c.Equal("I3", "A then B: B's token reaches the floor while A's transaction is open: nothing of the fence waits for A",
+		b.Token, floor)
+	close(l.release)
+	ra := c.await(aDone, "A's write")
+	rb := c.await(bDone, "B's write")
+	c.Equal("I3", "A then B: A's commit, after B's token reached the floor, is rejected; B is accepted",
+		"first=false second=true", fmt.Sprintf("first=%t second=%t", ra.Accepted, rb.Accepted))
+	c.checkFinal(res, "A then B", b.Scope)
+
+	// B then A.
+	a, b = raceA(prefix+"-ba"), raceB(prefix+"-ba")
+	l = newLatch(b.Writer)
+	res = userTables.open(c, h, l.gap)
+	bDone = goWrite(ctx, res, b)
+	c.waitPaused(l) // B wrote its rows and has not committed
+	aDone = goWrite(ctx, res, a)
+	var oa outcome
+	returned := false
+	select {
+	case oa = <-aDone:
+		returned = true
+	case <-time.After(10 * time.Second):
+	}
+	c.Check("I3", "B then A: A's write returns while B's transaction is open: nothing of the fence waits for B",
+		returned, "returned", fmt.Sprintf("returned=%t", returned))
+	close(l.release)
+	if !returned {
+		oa = <-aDone
+	}
+	c.Must(oa.err, "A's write")
+	rb = c.await(bDone, "B's write")
+	c.Notef("B then A: A accepted=%t floor=%d (accepted only if it committed before B's token reached the floor), B accepted=%t",
+		oa.res.Accepted, oa.res.Floor, rb.Accepted)
+	c.Check("I3", "B then A: B, committing after A, is accepted", rb.Accepted, "accepted=true", fmt.Sprintf("accepted=%t", rb.Accepted))
+	c.checkFinal(res, "B then A", b.Scope)
+}
+
+// waitFloor polls the floor of scope until it is at least want or limit
+// passed, and returns the last floor read.
+func (c *caseRun) waitFloor(res leasecore.ResourceReader, scope string, want leasecore.Token, limit time.Duration) leasecore.Token {
+	deadline := time.Now().Add(limit)
+	for {
+		f := c.floor(res, scope)
+		if f >= want || time.Now().After(deadline) {
+			return f
+		}
+		sleep(c.ctx, 5*time.Millisecond)
+	}
+}
+
+// checkFinal checks that token 2's data and floor are what F6's race left.
+func (c *caseRun) checkFinal(res Resource, order, scope string) {
+	c.Equal("I3", order+": the final data is token 2's and the floor is 2",
+		"new(B) by holder-b token=2, floor=2", fmt.Sprintf("%s, floor=%d", c.stored(res, scope, partSummary), c.floor(res, scope)))
 }
 
 // conditionalRace is F6(b) against target t: A (token 1) and B (token 2),

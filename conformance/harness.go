@@ -100,6 +100,8 @@ const (
 	AbilityReplicas Ability = "replicas"
 	// AbilityScopeMoves is ScopeMoves (F17).
 	AbilityScopeMoves Ability = "scope moves"
+	// AbilityCheckFirst is CheckFirstControl (F18's negative control).
+	AbilityCheckFirst Ability = "check first"
 )
 
 // LongTransactions is an optional interface that may be implemented by a
@@ -225,7 +227,29 @@ const (
 	// KindOutbox is OutboxResources.FencedOutbox; the holder's RELAY runs
 	// its relay (F9b kills such a relay process with SIGKILL).
 	KindOutbox ResourceKind = "outbox"
+	// KindCheckFirst is CheckFirstControl.CheckFirstResource (F18's
+	// negative control).
+	KindCheckFirst ResourceKind = "check first"
 )
+
+// CheckFirstControl is an optional interface that may be implemented by a
+// Harness whose fenced write is a transaction (F18's negative control).
+// Without it, and with AbilityCheckFirst declared absent (a backend whose
+// fenced operation is one request has no first statement to hold), the
+// control skips. A harness with it and HolderProcesses must accept
+// KindCheckFirst.
+type CheckFirstControl interface {
+	// CheckFirstResource returns the suite's user tables (the storage of
+	// UserDataResource) written the way a fenced transaction was written
+	// before the fence decided at commit: the fence's comparison is the
+	// transaction's first statement and holds the scope's floor row
+	// locked until the commit, then the rows, with InTransaction called
+	// after the first one as UserDataResource's Write calls it. A holder
+	// frozen inside such a transaction makes a newer holder's Advance
+	// wait for it, and its rows commit when it wakes although a newer
+	// token was issued meanwhile.
+	CheckFirstResource(ctx context.Context) (UserResource, error)
+}
 
 // HolderProcesses is an optional interface that may be implemented by a
 // Harness (F4, F5, F12; F4u and F4m with UserDataResources). The command it
@@ -274,11 +298,17 @@ type UserDataResources interface {
 	// the fence's floor of the scope; Attempts is the fence's attempt log
 	// of the scope, kept as Traits.AttemptLog declares.
 	//
-	// gap, when not nil, runs inside each write after the fence check and
-	// before the commit, so the write holds whatever it locks while gap
-	// runs (F6u); an error from gap abandons the write. A harness that
-	// declares AbilityCommitGap absent (its fenced operation is one
-	// request, nothing to pause) is only ever given a nil gap.
+	// Write calls InTransaction(ctx, w, stmt) once inside its atomic
+	// operation, after the first user table's row and before the other
+	// rows and the commit (F18 freezes or slows the writer there), with
+	// stmt running one more statement of it; a one-request backend calls
+	// it while it builds the request.
+	//
+	// gap, when not nil, runs inside each write after the rows and before
+	// the commit, so the write holds whatever it locks while gap runs
+	// (F6u); an error from gap abandons the write. A harness that declares
+	// AbilityCommitGap absent (its fenced operation is one request,
+	// nothing to pause) is only ever given a nil gap.
 	UserDataResource(ctx context.Context, gap Gap) (UserResource, error)
 
 	// MarkerFirstResource returns the negative control of F4m, the

@@ -32,6 +32,13 @@ import (
 //	    -> WRITE accepted=B token=N floor=F
 //	    writes at once, with no further check: the write is the very next
 //	    thing the holder does, as in the paused-holder timeline
+//	WRITE_FROZEN <scope> <part> <content...>
+//	    -> IN_TX token=N, later WRITE accepted=B token=N floor=F
+//	    the write of a user-data holder, stopped inside its atomic
+//	    operation (InTransaction): after its first statement it answers
+//	    IN_TX and waits for SIGCONT — the parent freezes it with SIGSTOP
+//	    first — then runs one more statement, the rest of the write and
+//	    its commit, and answers as WRITE does (F18)
 //	WRITE_AND_RENEW <scope> <part> <content...>
 //	    -> WRITE ... then RENEW_AFTER_WRITE ok=true | RENEW_AFTER_WRITE ok=false err=<sentinel>
 //	    (err=ErrLost, or whatever else the renewal failed with)
@@ -156,6 +163,16 @@ func (h *holderProcess) do(ctx context.Context, cmd, rest string) error {
 			return err
 		}
 		h.say("PREPARED accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
+	case "WRITE_FROZEN":
+		w, err := h.parseWrite(cmd, rest)
+		if err != nil {
+			return err
+		}
+		r, err := h.res.Write(withInTransaction(ctx, h.frozenInTx), w)
+		if err != nil {
+			return err
+		}
+		h.say("WRITE accepted=%t token=%d floor=%d", r.Accepted, w.Token, r.Floor)
 	case "WRITE", "WRITE_AND_RENEW":
 		if cmd == "WRITE_AND_RENEW" && h.sess == nil {
 			return errors.New("no session: ACQUIRE first")
@@ -445,3 +462,20 @@ func causeKind(err error) string {
 	}
 	return errKind(err)
 }
+
+// frozenInTx is WRITE_FROZEN's hook inside the write: it says IN_TX,
+// waits for the parent's SIGCONT (after its SIGSTOP), and runs one more
+// statement, so the write goes on with statements after the freeze and is
+// decided only at its commit.
+func (h *holderProcess) frozenInTx(ctx context.Context, w leasecore.Write, stmt TxStatement) error {
+	wait := notifyContinued(ctx, frozenInTxLimit)
+	h.say("IN_TX token=%d", w.Token)
+	if err := wait(); err != nil {
+		return fmt.Errorf("frozen inside the write: %w", err)
+	}
+	return stmt(ctx)
+}
+
+// frozenInTxLimit bounds WRITE_FROZEN's wait for SIGCONT: a parent that
+// died leaves no holder waiting for ever.
+const frozenInTxLimit = 5 * time.Minute

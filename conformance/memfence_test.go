@@ -51,6 +51,8 @@ func (h *memHarness) Traits() conformance.Traits {
 			conformance.AbilityDelayedNetwork:  "an in-memory map has no network to delay",
 			conformance.AbilityReplicas:        "an in-memory map has no replicas",
 			conformance.AbilityScopeMoves:      "an in-memory map has no second server to move a scope to",
+			conformance.AbilityCheckFirst: "memfence's holder processes reach it over RPC, one call per write: " +
+				"no transaction stays open across a holder's freeze, check first or not",
 		},
 	}
 }

@@ -275,7 +275,13 @@ func (r rpcResource) call(method string, w leasecore.Write) (leasecore.Result, e
 	return rep.Result, decodeErr(rep.Err, rep.Sen)
 }
 
-func (r rpcResource) Write(_ context.Context, w leasecore.Write) (leasecore.Result, error) {
+// Write is one call: the holder side builds the request, running
+// InTransaction while it does (the call is memfence's one atomic
+// operation, as an etcd Txn is etcd's), then sends it.
+func (r rpcResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := conformance.InTransaction(ctx, w, func(context.Context) error { return nil }); err != nil {
+		return leasecore.Result{}, err
+	}
 	return r.call("Write", w)
 }
 

@@ -160,7 +160,7 @@ func (o *memOutbox) Write(ctx context.Context, w leasecore.Write) (leasecore.Res
 		o.store.add(w, now)
 		return leasecore.Result{Accepted: true, Floor: o.floors[w.Scope]}, nil
 	}
-	res, err := o.check(ctx, leasecore.ClaimOf(w), w.Part, func(now time.Time) {
+	res, err := o.check(leasecore.ClaimOf(w), w.Part, func(now time.Time) {
 		o.memUserData.store(w, now)
 		o.store.add(w, now)
 	})

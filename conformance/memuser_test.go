@@ -12,14 +12,17 @@ import (
 
 // memUserData is the in-memory harness's "user data": two user tables (a
 // job-run header and its lines) behind a fence of their own, with an
-// attempt log of every check. A write compares the token with the scope's
-// floor and stores both tables under one mutex: one atomic operation.
+// attempt log of every check. A write decides at commit: its "statements"
+// (InTransaction, the commit gap) run holding nothing, then it compares
+// the token with the scope's floor and stores both tables under one
+// mutex: one atomic operation, like an etcd Txn.
 type memUserData struct {
-	waiting atomic.Int64 // writes blocked on mu, for LockWaits
-	mu      sync.Mutex
-	floors  map[string]leasecore.Token
-	tables  [2]map[[2]string]leasecore.StoredPart // job_run, job_line
-	log     []leasecore.Attempt
+	waiting   atomic.Int64 // writes blocked on mu, for LockWaits
+	mu        sync.Mutex
+	floorLock sync.Mutex // held through a transaction by the suite's own broken resource (lockingUser)
+	floors    map[string]leasecore.Token
+	tables    [2]map[[2]string]leasecore.StoredPart // job_run, job_line
+	log       []leasecore.Attempt
 }
 
 var memUserTables = [2]string{"job_run", "job_line"}
@@ -39,17 +42,12 @@ var _ conformance.UserResource = (*memUser)(nil)
 
 // check compares cl's token with the floor and records the attempt; the
 // caller holds mu. It returns the result and, on acceptance, advances the
-// floor only after gap let the write go on.
-func (u *memUser) check(ctx context.Context, cl leasecore.Claim, part string, apply func(now time.Time)) (leasecore.Result, error) {
+// floor and applies the write.
+func (u *memUser) check(cl leasecore.Claim, part string, apply func(now time.Time)) (leasecore.Result, error) {
 	floor := u.floors[cl.Scope]
 	accepted := cl.Token >= floor
 	if accepted {
 		floor = cl.Token
-	}
-	if u.gap != nil {
-		if err := u.gap(ctx, leasecore.Write{Scope: cl.Scope, Part: part, Writer: cl.Writer, Token: cl.Token}); err != nil {
-			return leasecore.Result{}, err
-		}
 	}
 	now := time.Now()
 	if accepted {
@@ -71,9 +69,19 @@ func (u *memUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Resul
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
+	// The write's statements and its commit gap hold nothing: only the
+	// commit below takes the mutex.
+	if err := conformance.InTransaction(ctx, w, func(context.Context) error { return nil }); err != nil {
+		return leasecore.Result{}, err
+	}
+	if u.gap != nil {
+		if err := u.gap(ctx, w); err != nil {
+			return leasecore.Result{}, err
+		}
+	}
 	u.lock()
 	defer u.mu.Unlock()
-	return u.check(ctx, leasecore.ClaimOf(w), w.Part, func(now time.Time) { u.store(w, now) })
+	return u.check(leasecore.ClaimOf(w), w.Part, func(now time.Time) { u.store(w, now) })
 }
 
 func (u *memUser) Advance(ctx context.Context, cl leasecore.Claim) (leasecore.Result, error) {
@@ -82,7 +90,7 @@ func (u *memUser) Advance(ctx context.Context, cl leasecore.Claim) (leasecore.Re
 	}
 	u.lock()
 	defer u.mu.Unlock()
-	return u.check(ctx, cl, "", func(time.Time) {})
+	return u.check(cl, "", func(time.Time) {})
 }
 
 // store writes w into both user tables; the caller holds mu.

@@ -3,10 +3,13 @@
 package conformance
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // freeze sends SIGSTOP: every thread of the process stops, its renewal
@@ -35,4 +38,24 @@ func procState(pid int) (string, error) {
 		return "", fmt.Errorf("unexpected /proc/%d/stat: %q", pid, s)
 	}
 	return f[0], nil
+}
+
+// notifyContinued starts listening for SIGCONT and returns a function that
+// waits until it arrives (or ctx ends, or timeout passes) and stops
+// listening. A holder calls it before it tells the parent where it is, so
+// that the parent's SIGSTOP and SIGCONT that follow cannot be missed.
+func notifyContinued(ctx context.Context, timeout time.Duration) (wait func() error) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGCONT)
+	return func() error {
+		defer signal.Stop(ch)
+		select {
+		case <-ch:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(timeout):
+			return fmt.Errorf("no SIGCONT within %v", timeout)
+		}
+	}
 }

@@ -72,6 +72,46 @@ func (u tornUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Resul
 	return r, err
 }
 
+// lockingUser is the design before the fence decided at commit: it
+// takes the floor's lock (memUserData.floorLock, a row lock: reads do not
+// wait for it) and compares first, and holds the lock while the rest of
+// its transaction runs (InTransaction, the commit gap), so a newer
+// writer, or its Advance, waits for it.
+type lockingUser struct{ *memUser }
+
+func (u lockingUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	u.floorLock.Lock()
+	defer u.floorLock.Unlock()
+	u.mu.Lock()
+	floor := u.floors[w.Scope]
+	u.mu.Unlock()
+	if w.Token < floor {
+		return leasecore.Result{Floor: floor}, nil
+	}
+	if err := conformance.InTransaction(ctx, w, func(context.Context) error { return nil }); err != nil {
+		return leasecore.Result{}, err
+	}
+	if u.gap != nil {
+		if err := u.gap(ctx, w); err != nil {
+			return leasecore.Result{}, err
+		}
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.floors[w.Scope] = w.Token
+	u.store(w, time.Now())
+	return leasecore.Result{Accepted: true, Floor: w.Token}, nil
+}
+
+func (u lockingUser) Advance(ctx context.Context, cl leasecore.Claim) (leasecore.Result, error) {
+	u.floorLock.Lock()
+	defer u.floorLock.Unlock()
+	return u.memUser.Advance(ctx, cl)
+}
+
 // oneTable writes a single user table.
 type oneTable struct{ *memUser }
 
@@ -105,6 +145,19 @@ func TestSuiteFailsUncheckedUserData(t *testing.T) {
 		"FAIL [I3] holder-a's advance with the stale token=1 is rejected")
 	if sum.Failed == 0 {
 		t.Errorf("Summary.Failed = 0 for a user resource that does not check tokens")
+	}
+}
+
+// TestSuiteFailsAFenceHeldOpen: a fence that holds the floor while the
+// transaction runs makes the other writer wait: F6u and F18 say so.
+func TestSuiteFailsAFenceHeldOpen(t *testing.T) {
+	t.Parallel()
+	sum := expectOutput(t, withUser(func(u *memUser) conformance.UserResource { return lockingUser{u} }), []string{"F6u", "F18"},
+		"FAIL [I3] A then B: B's token reaches the floor while A's transaction is open",
+		"FAIL [I3] B then A: A's write returns while B's transaction is open",
+		"FAIL [F18] B's Advance returns within 1s while A's transaction is open and busy")
+	if sum.Failed == 0 {
+		t.Error("Summary.Failed = 0")
 	}
 }
 

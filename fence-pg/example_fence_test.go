@@ -123,8 +123,9 @@ func ExampleFence_SendBatch() {
 	log.Printf("accepted=%t floor=%d", res.Accepted, res.Floor)
 }
 
-// In a transaction the caller begins and commits itself.
-func ExampleFence_Check() {
+// A transaction the caller begins and fills itself, ended by the fence:
+// the comparison and COMMIT go in one round trip.
+func ExampleFence_Commit() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("APP_DATABASE_URL"))
 	if err != nil {
@@ -140,17 +141,12 @@ func ExampleFence_Check() {
 		log.Fatal(err)
 	}
 	defer tx.Rollback(ctx) // after Commit it does nothing
-	res, err := fence.Check(ctx, tx, leasecore.Claim{Scope: "invoices", Writer: "host-1", Token: 7})
-	if err != nil {
-		log.Fatal(err)
-	}
-	if !res.Accepted {
-		return // the deferred Rollback ends the transaction; write nothing
-	}
 	if _, err := tx.Exec(ctx, `INSERT INTO job_run (day, total) VALUES (current_date, $1)`, 1234); err != nil {
 		log.Fatal(err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	res, err := fence.Commit(ctx, tx, leasecore.Claim{Scope: "invoices", Writer: "host-1", Token: 7})
+	if err != nil {
 		log.Fatal(err)
 	}
+	log.Printf("accepted=%t floor=%d", res.Accepted, res.Floor) // rejected: nothing of tx was kept
 }

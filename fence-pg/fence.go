@@ -19,19 +19,24 @@ import (
 )
 
 // Fence is the scope fence over the floor table of one database, for the
-// caller's own data: it checks a leasecore.Claim inside the caller's
-// transaction, the same transaction that writes the caller's rows, so the
-// rows commit only if the claim's token is not below the largest token the
-// scope has accepted (I3), and a stale holder's transaction is rejected
-// whole. The caller's tables and the fence's tables (fence_floor,
+// caller's own data: it compares a leasecore.Claim with the scope's floor
+// in the same transaction that writes the caller's rows. The promise: a
+// fenced transaction commits only if, when it commits, no token larger
+// than its claim's has been accepted or advanced for its scope (I3), and a
+// stale holder's transaction is rejected whole. The comparison is the
+// last statement before COMMIT, so a newer holder's Advance or write never
+// waits on the fence for an older holder's open transaction, however long
+// that holder is frozen or slow inside it (it may still wait on row locks
+// of the caller's own tables, which the idle-in-transaction timeout
+// bounds). The caller's tables and the fence's tables (fence_floor,
 // write_attempt) must be in the same database.
 //
-// Four ways to use it, from the most control to the least:
+// Four ways to use it, from the least control to the most:
 //
-//   - Check (pgx) or CheckTx (database/sql) inside a transaction the
-//     caller began and commits;
-//   - RunTx (pgx) or RunSQLTx (database/sql): begin, check, run the
-//     caller's function only when accepted, commit;
+//   - RunTx (pgx) or RunSQLTx (database/sql): begin, run the caller's
+//     function, compare and commit;
+//   - Commit (pgx) or CommitTx (database/sql): compare and commit a
+//     transaction the caller began and filled itself;
 //   - SendBatch (pgx): the check and the caller's statements in one
 //     pipeline, one round trip, one implicit transaction;
 //   - Advance: raise the floor without writing, so a new holder cuts the
@@ -54,24 +59,26 @@ import (
 // rejection path only as well. Errors wrap leasecore's sentinels as
 // described in the package documentation.
 //
-// The check is written for Read Committed, PostgreSQL's default isolation
-// level: it relies on a blocked lock re-reading the newest version of the
-// floor row (PostgreSQL docs §13.2.1). RunTx and RunSQLTx begin their
-// transactions at that level explicitly, whatever the server's default.
+// The comparison is written for Read Committed, PostgreSQL's default
+// isolation level: it relies on a blocked lock re-reading the newest
+// version of the floor row (PostgreSQL docs §13.2.1). RunTx and RunSQLTx
+// begin their transactions at that level explicitly, whatever the
+// server's default.
 // The Fence's own single statements (Advance, and SendBatch's pipeline
 // when it is not sent on a transaction) cannot choose their level: on a
 // server, database or role that defaults to Repeatable Read or
 // Serializable they are sent again after a serialization failure (SQLSTATE
 // 40001), which at those levels takes the place of the re-read. In a
-// caller's own Repeatable Read or Serializable transaction the check stays
-// correct, but where Read Committed would re-read it fails the transaction
+// caller's own Repeatable Read or Serializable transaction (Commit,
+// CommitTx) the comparison stays correct, but where Read Committed would
+// re-read it fails the transaction
 // with an error wrapping leasecore.ErrUnavailable: roll back and run the
 // whole transaction again.
 //
-// Everything the Fence commits, and the caller's transaction that a check
-// ran in, commits durably: where synchronous_commit defaults to off or
-// local, the check sets it to on for its transaction, so an acknowledged
-// floor (and the rows written under it) survives a crash.
+// Everything the Fence commits, and every fenced transaction of the
+// caller's, commits durably: where synchronous_commit defaults to off or
+// local, the comparison sets it to on for its transaction, so an
+// acknowledged floor (and the rows written under it) survives a crash.
 //
 // A Fence is safe for concurrent use.
 type Fence struct {
@@ -86,8 +93,8 @@ type Fence struct {
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
-	// the fast paths (floor = token) and the checks of RunTx/RunSQLTx
-	sharedRun, checkRun, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
+	// the fast paths (floor = token), the early read of RunTx/RunSQLTx
+	shared, earlyRead, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
 }
 
 func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
@@ -97,7 +104,7 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
-			sharedRun: in(pgsql.FenceSharedRun), checkRun: in(pgsql.FenceCheckRun), guardOrRaise: in(pgsql.FenceGuardOrRaise),
+			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
 			writeManyShared: in(pgsql.FencedWriteManyShared),
 		},
@@ -107,10 +114,11 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 
 // DefaultIdleInTransactionTimeout bounds how long a transaction of RunTx or
 // RunSQLTx may sit idle between two of its statements (see WithTimeouts).
-// A holder frozen inside its transaction (a GC pause, SIGSTOP) holds the
-// floor row's lock, and every newer writer of the scope queues behind it;
-// after this long the server ends the frozen holder's session, its
-// transaction rolls back, and the queue moves on.
+// A holder frozen inside its transaction (a GC pause, SIGSTOP) holds no
+// lock of the fence's, but it still holds the row locks its statements
+// took on the caller's tables, and a newer writer of those rows waits for
+// them; after this long the server ends the frozen holder's session, its
+// transaction rolls back, and those locks are freed.
 const DefaultIdleInTransactionTimeout = 5 * time.Second
 
 // Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
@@ -155,7 +163,7 @@ func newConfig(op string, opts []Option) (config, error) {
 // leasecore.LogRejected (the default), leasecore.LogAll or
 // leasecore.LogNone. An accepted check's entry commits with the caller's
 // transaction; a rejected check's entry is written on a connection of the
-// Fence's own pool, so it stays when the caller rolls back.
+// Fence's own pool, so it stays when the caller's transaction rolls back.
 func WithAttemptLog(m leasecore.AttemptLog) Option {
 	return func(c *config) { c.log = m }
 }
@@ -174,14 +182,13 @@ func WithSchema(name string) Option {
 // semantics (SendBatch sets the lock timeout only: a pipeline is never idle
 // inside its transaction). Zero leaves the server's setting.
 //
-// The defaults: no lock timeout — the caller's context bounds the wait
-// for the floor lock, and a frozen holder's lock is freed by its own idle
-// timeout — and DefaultIdleInTransactionTimeout. The idle timeout costs
-// nothing (it rides on the check's statement); a lock timeout costs one
-// more statement in the first round trip. Check and CheckTx run in the
-// caller's transaction and set nothing: set idle_in_transaction_session_timeout
-// yourself (per transaction, per role or per database) if a holder could
-// be frozen inside such a transaction.
+// The defaults: no lock timeout — the caller's context bounds a wait for
+// a lock — and DefaultIdleInTransactionTimeout. The idle timeout costs
+// nothing (it rides on the early read of the floor); a lock timeout costs
+// one more statement in the first round trip. Commit and CommitTx end the
+// caller's transaction and set nothing: set
+// idle_in_transaction_session_timeout yourself (per transaction, per role
+// or per database) if a holder could be frozen inside such a transaction.
 func WithTimeouts(lock, idleInTransaction time.Duration) Option {
 	return func(c *config) { c.lockTimeout, c.idleInTxTimeout = lock, idleInTransaction }
 }
@@ -251,56 +258,10 @@ func (f *Fence) CheckSchema(ctx context.Context) error {
 	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }
 
-// Querier is what Check needs from a pgx transaction: pgx.Tx, *pgx.Conn,
-// *pgxpool.Conn and *pgxpool.Tx all have it.
+// Querier is what SealScope and InstallScope need from a pgx transaction:
+// pgx.Tx, *pgx.Conn, *pgxpool.Conn and *pgxpool.Tx all have it.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
-
-// Check runs the fence check for c inside the caller's open transaction
-// tx: it locks the scope's floor row until tx ends, compares c.Token with
-// the floor, raises the floor when the token is newer, and reports the
-// outcome. Accepted: write the rows and commit. Rejected (Result.Floor is
-// the larger token that beat c.Token): roll back, and do not write.
-//
-// It is one statement and one round trip. Run it before the rows are
-// written: rows written before it could be the stale holder's (they would
-// commit only if the check accepts, but the lock would then be taken late,
-// after rows other writers may be waiting on). Run it in a Read Committed
-// transaction (see Fence about stricter levels).
-//
-// A rejection is logged (unless the Fence's log is LogNone) on a
-// connection of the Fence's own pool, so the entry stays after tx rolls
-// back; a claim with a token space also has the floor's space read there
-// (see Fence). The pool needs a free connection for it while tx still
-// holds one: give the Fence a pool that the caller's transactions cannot
-// exhaust, or use RunTx, which returns its connection before it logs. If
-// logging fails, Check returns the rejection together with an error; roll
-// back either way. A rejection by a floor from another token space comes
-// with a *leasecore.TokenSpaceError.
-func (f *Fence) Check(ctx context.Context, tx Querier, c leasecore.Claim) (leasecore.Result, error) {
-	const op = "check"
-	if tx == nil {
-		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
-	}
-	return f.check(ctx, op, c, func(args []any) (int64, error) {
-		var floor int64
-		err := tx.QueryRow(ctx, f.stmt.check, args...).Scan(&floor)
-		return floor, err
-	})
-}
-
-// CheckTx is Check for a database/sql transaction.
-func (f *Fence) CheckTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
-	const op = "check"
-	if tx == nil {
-		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
-	}
-	return f.check(ctx, op, c, func(args []any) (int64, error) {
-		var floor int64
-		err := tx.QueryRowContext(ctx, f.stmt.check, args...).Scan(&floor)
-		return floor, err
-	})
 }
 
 // check validates c, runs stmt with the check's parameters, and logs a
@@ -384,204 +345,6 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 	return nil
 }
 
-// RunTx begins a Read Committed transaction on the Fence's pgx pool, runs
-// the check for c, and then:
-//
-//   - rejected: rolls back without calling fn and returns the rejection
-//     (with a *leasecore.TokenSpaceError when the floor is from another
-//     token space, see Fence);
-//   - accepted: calls fn with the transaction; if fn returns an error (or
-//     panics), rolls back and returns that error wrapped (errors.Is and
-//     errors.As reach it; a server or connection failure inside fn is
-//     classified like any other, e.g. wrapping leasecore.ErrUnavailable);
-//     otherwise commits and returns the acceptance.
-//
-// BEGIN and the check travel in one round trip. When the floor already
-// equals c.Token (this holding period wrote before, or called Advance) the
-// check only share-locks the floor row; otherwise a second round trip runs
-// the full check, which raises the floor. fn must not commit or roll back
-// tx itself.
-//
-// A holder frozen inside fn holds the scope's floor lock; a newer writer's
-// check waits behind it. After the idle-in-transaction timeout (5 s by
-// default, WithTimeouts) the server ends the frozen holder's session and
-// rolls its transaction back: none of its rows appear, the newer writer
-// goes on, and the frozen holder, when it wakes, gets an error wrapping
-// leasecore.ErrUnavailable from its next statement or from the commit.
-// With a lock timeout set, a writer that waits longer gets an error
-// wrapping leasecore.ErrUnavailable and may retry.
-//
-// A Fence made by NewFenceDB returns an error wrapping
-// leasecore.ErrInvalidArgument: use RunSQLTx.
-func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (res leasecore.Result, err error) {
-	const op = "run tx"
-	if err := f.checkRun(ctx, op, c, fn == nil, f.pgx == nil, "RunSQLTx"); err != nil {
-		return leasecore.Result{}, err
-	}
-	conn, err := f.pgx.Acquire(ctx)
-	if err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			conn.Release()
-		}
-	}
-	defer release()
-
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	f.queueLockTimeout(b)
-	floor, found := int64(0), false
-	readFloor := func(rows pgx.Rows) error {
-		for rows.Next() {
-			var setting string
-			if err := rows.Scan(&floor, &setting); err != nil {
-				return err
-			}
-			found = true
-		}
-		return rows.Err()
-	}
-	full := f.fullCheckFirst()
-	if full {
-		b.Queue(f.stmt.checkRun, f.runArgs(c)...).Query(readFloor)
-	} else {
-		b.Queue(f.stmt.sharedRun, c.Scope, int64(c.Token), f.idleSetting()).Query(readFloor)
-	}
-	br := conn.SendBatch(ctx, b)
-	tx := br.Tx()
-	finished := false
-	defer func() {
-		if !finished {
-			// Not ctx: it may be why we are rolling back.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
-		}
-	}()
-	if err := br.Close(); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	if !full && !found {
-		rows, err := tx.Query(ctx, f.stmt.checkRun, f.runArgs(c)...)
-		if err == nil {
-			err = readFloor(rows)
-			rows.Close()
-		}
-		if err != nil {
-			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-		}
-	}
-	if leasecore.Token(floor) != c.Token {
-		finished = true
-		_ = tx.Rollback(context.WithoutCancel(ctx))
-		// Give the connection back before logging: the log needs one of
-		// the pool's, and with every connection held by a rejected writer
-		// waiting for another the pool would never free one.
-		release()
-		return f.outcome(ctx, op, c, floor)
-	}
-	if err := fn(tx); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	finished = true
-	if err := tx.Commit(ctx); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
-	}
-	if f.cfg.observe != nil {
-		f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
-	}
-	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
-}
-
-// RunSQLTx is RunTx for database/sql: BEGIN and the check are two round
-// trips (database/sql sends BEGIN on its own), a lock timeout one more. A
-// Fence made by NewFence returns an error wrapping
-// leasecore.ErrInvalidArgument: use RunTx.
-func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
-	const op = "run sql tx"
-	if err := f.checkRun(ctx, op, c, fn == nil, f.sql == nil, "RunTx"); err != nil {
-		return leasecore.Result{}, err
-	}
-	tx, err := f.sql.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	if err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	finished := false
-	defer func() {
-		if !finished {
-			_ = tx.Rollback()
-		}
-	}()
-	if d := f.cfg.lockTimeout; d > 0 {
-		// No arguments: lib/pq sends the simple protocol.
-		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
-			return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-		}
-	}
-	var floor int64
-	var setting string
-	err = sql.ErrNoRows
-	if !f.fullCheckFirst() {
-		err = tx.QueryRowContext(ctx, f.stmt.sharedRun, c.Scope, int64(c.Token), f.idleSetting()).Scan(&floor, &setting)
-	}
-	if errors.Is(err, sql.ErrNoRows) {
-		err = tx.QueryRowContext(ctx, f.stmt.checkRun, f.runArgs(c)...).Scan(&floor, &setting)
-	}
-	if err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	if leasecore.Token(floor) != c.Token {
-		finished = true
-		_ = tx.Rollback()
-		return f.outcome(ctx, op, c, floor)
-	}
-	if err := fn(tx); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
-	}
-	finished = true
-	if err := tx.Commit(); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
-	}
-	if f.cfg.observe != nil {
-		f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
-	}
-	return leasecore.Result{Accepted: true, Floor: c.Token}, nil
-}
-
-// fullCheckFirst reports whether a transaction starts with the full check
-// rather than the share-lock fast path: with leasecore.LogAll, whose
-// accepted entry only the full check writes.
-func (f *Fence) fullCheckFirst() bool { return f.cfg.log == leasecore.LogAll }
-
-// runArgs are the full check's parameters with the idle timeout as $6.
-func (f *Fence) runArgs(c leasecore.Claim) []any {
-	return append(f.args(c, false), f.idleSetting())
-}
-
-// idleSetting is the idle timeout as set_config takes it, nil to leave the
-// server's setting.
-func (f *Fence) idleSetting() any {
-	if d := f.cfg.idleInTxTimeout; d > 0 {
-		return strconv.FormatInt(d.Milliseconds(), 10)
-	}
-	return nil
-}
-
-func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
-		return err
-	}
-	if nilFn {
-		return &leasecore.ArgError{Op: op, Field: "fn", Reason: "must not be nil"}
-	}
-	if wrongPool {
-		return &leasecore.ArgError{Op: op, Field: "fence", Reason: "was made on the other kind of pool: use " + other}
-	}
-	return nil
-}
-
 // queueLockTimeout queues the lock timeout, when one is set, for the rest
 // of the transaction (set_config with is_local: a pipeline's statements go
 // through the extended protocol, one statement each).
@@ -598,11 +361,12 @@ type BatchSender interface {
 }
 
 // SendBatch sends the check for c and then the statements of b as one
-// pipeline on s: one round trip. Sent outside an explicit transaction (on
-// a pool or a connection) the pipeline runs as one implicit transaction,
-// so when the check does not let c through it raises an error that aborts
-// the whole pipeline: none of b's statements takes effect. Sent on a
-// pgx.Tx, such an abort ends that transaction's usefulness: roll it back.
+// pipeline on s, a pool or a connection: one round trip, one implicit
+// transaction. When the check does not let c through it raises an error
+// that aborts the whole pipeline: none of b's statements takes effect. The
+// check share-locks the floor row only while the pipeline runs on the
+// server: the client sent all of it at once, so no pause of the client
+// can fall in between.
 //
 // The check in the pipeline only passes when the scope's floor equals
 // c.Token (this holding period wrote before, or called Advance). When the
@@ -610,44 +374,47 @@ type BatchSender interface {
 // (Advance, its own statement) and sends the pipeline once more: three
 // round trips, once per holding period that did not call Advance. When
 // the floor is above c.Token, SendBatch returns the rejection as a Result
-// (logged like Check's), not as an error. With leasecore.LogAll the
+// (logged like RunTx's), not as an error. With leasecore.LogAll the
 // pipeline starts with the full check instead, which logs the accepted
 // attempt in the pipeline's transaction.
 //
-// b must not begin or end a transaction itself (no Batch.BeginTx, no
-// BEGIN or COMMIT statements: they would end the implicit transaction
-// early). Its queries may be sent twice; their callbacks (QueuedQuery.Exec,
-// Query, QueryRow) run only for the pipeline that was applied. b itself is
-// not changed. An error
-// from one of b's statements is returned (wrapped), and nothing of b took
-// effect, though the floor may have been advanced to c.Token.
+// s must not be a pgx.Tx (an error wrapping leasecore.ErrInvalidArgument):
+// a check inside the caller's transaction would hold the floor row's lock
+// until that transaction ends. Queue the statements on the transaction
+// and end it with Commit, which compares at commit. b must not begin or
+// end a transaction itself (no Batch.BeginTx, no BEGIN or COMMIT
+// statements: they would end the implicit transaction early). Its queries
+// may be sent twice; their callbacks (QueuedQuery.Exec, Query, QueryRow)
+// run only for the pipeline that was applied. b itself is not changed. An
+// error from one of b's statements is returned (wrapped), and nothing of
+// b took effect, though the floor may have been advanced to c.Token.
 func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
 	const op = "send batch"
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
-	switch {
-	case s == nil:
+	switch s.(type) {
+	case nil:
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "sender", Reason: "must not be nil"}
-	case b == nil:
+	case pgx.Tx:
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "sender",
+			Reason: "is a transaction: queue the statements on it and end it with Commit, which compares at commit"}
+	}
+	if b == nil {
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "batch", Reason: "must not be nil"}
 	}
-	// Outside a transaction of the caller's, the pipeline is one implicit
-	// transaction of our own: a serialization failure (a server defaulting
-	// to a stricter level than Read Committed) aborted all of it, and it
-	// is sent again like a single statement (see RetrySerialization).
-	_, callersTx := s.(pgx.Tx)
+	// The pipeline is one implicit transaction of our own: a serialization
+	// failure (a server defaulting to a stricter level than Read Committed)
+	// aborted all of it, and it is sent again like a single statement (see
+	// RetrySerialization).
 	send := func(check string, args ...any) (floor int64, err error) {
-		if callersTx {
-			return f.sendPipeline(ctx, s, b, check, args...)
-		}
 		err = pgstore.RetrySerialization(ctx, func() (err error) {
 			floor, err = f.sendPipeline(ctx, s, b, check, args...)
 			return err
 		})
 		return floor, err
 	}
-	if f.fullCheckFirst() {
+	if f.logAll() {
 		floor, err := send(f.stmt.checkOrRaise, f.args(c, false)...)
 		if floor, ok := rejectedFloor(err); ok {
 			return f.outcome(ctx, op, c, floor)

@@ -97,7 +97,7 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 // writes the scope's rows here (see leasecore.ScopeSeal for the whole
 // move). It is the fence's own check with s.Floor as the token: the
 // scope's floor here becomes s.Floor, with s.Space as its token space,
-// unless it is larger already, and the outcome is a Result like Check's.
+// unless it is larger already, and the outcome is a Result like RunTx's.
 //
 //   - Accepted (the floor here was absent or at most s.Floor, and is now
 //     s.Floor): write the rows and commit. A holder whose token is below
@@ -118,9 +118,13 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 // location) nothing is raised: it is accepted when the scope has no floor
 // here, and only share-locks the floor row when it has one.
 //
-// Like Check: one statement, run it before the rows are written, in a Read
-// Committed transaction; it commits durably; a rejection is logged on the
-// Fence's pool (writer "leasefence scope move"). Bad input
+// Unlike a fenced transaction's comparison, it is meant to run first: one
+// statement, before the rows are written, in a Read Committed transaction.
+// It locks the floor row until tx ends, so a holder writing the scope here
+// waits for the move's transaction (the scope is sealed at its old
+// location meanwhile; no holder should be routed here yet). It commits
+// durably; a rejection is logged on the Fence's pool (writer "leasefence
+// scope move"). Bad input
 // (leasecore.CheckScopeSeal: the sealed floor itself, a space without a
 // floor, ...) returns a *leasecore.ArgError naming the field before
 // anything is sent.

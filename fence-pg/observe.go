@@ -9,16 +9,14 @@ import (
 // WithFenceObserver adds a function called with the outcome of every
 // fenced write of a Fence or Resource (NewFence, NewFenceDB, NewResource,
 // NewResourceDB; the lease stores ignore it): one leasecore.FenceEvent per
-// call of Check, CheckTx, RunTx, RunSQLTx, SendBatch, Advance, Write and
+// call of RunTx, RunSQLTx, Commit, CommitTx, SendBatch, Advance, Write and
 // WriteBatch that returns a Result, accepted or rejected (see
 // leasecore.FenceEvent). Each call of the option adds one; they run in the
 // order given. A nil f is ignored.
 //
 // Observers run synchronously on the caller's goroutine, after the
-// outcome is known: for RunTx and RunSQLTx after the commit (or the
-// rollback of a rejection); for Check and CheckTx before the caller's own
-// transaction commits, so an accepted check whose transaction the caller
-// then rolls back was still reported as accepted. They must not block.
+// outcome is known: for RunTx, RunSQLTx, Commit and CommitTx after the
+// commit (or the rollback of a rejection). They must not block.
 // Without one, the accepted path does nothing more than test that none is
 // set.
 func WithFenceObserver(f func(leasecore.FenceEvent)) Option {

@@ -30,7 +30,7 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 // fenced transaction as the data it announces, and a relay delivers it
 // afterwards with the writer's token as its version.
 //
-// The call sequence, inside the transaction of an accepted check:
+// The call sequence, inside a fenced transaction:
 //
 //	res, err := fence.RunTx(ctx, claim, func(tx pgx.Tx) error {
 //		if _, err := tx.Exec(ctx, `INSERT INTO report ...`, ...); err != nil {
@@ -48,11 +48,11 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 //
 // What it guarantees:
 //
-//   - An entry exists only if the transaction that added it committed with
-//     its fence check accepted: a stale holder's transaction is rejected
-//     whole, entry included, so its side effect never reaches the relay.
-//     Add refuses to insert in a transaction without an accepted check of
-//     the same claim (see Add).
+//   - An entry exists only if the fenced transaction that added it
+//     committed, i.e. its claim was not beaten by a larger token when it
+//     committed: a stale holder's transaction is rejected whole, entry
+//     included, so its side effect never reaches the relay. Add refuses to
+//     insert when the scope's floor is not the claim's token (see Add).
 //   - Every entry is delivered at least once, in seq order, and is marked
 //     delivered only after deliver returned nil for it. A relay that dies
 //     between the downstream's acknowledgement and the mark (a crash, a
@@ -71,8 +71,9 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 //     reads every page from the oldest entry still pending (an entry that
 //     committed late, behind seqs already delivered, comes first), and
 //     moves on only after an acknowledgement, and within a scope the
-//     entries of a smaller token have smaller seqs and commit first (the
-//     fence serialises their transactions). Run one relay (under a lease, with
+//     entries of a smaller token have smaller seqs (Add inserts only once
+//     the floor reached the entry's token, and a smaller token's
+//     transaction commits only while the floor is still its token). Run one relay (under a lease, with
 //     leasecore.Campaign) to avoid the duplicate traffic, not for
 //     correctness.
 //
@@ -134,16 +135,19 @@ func newOutbox(op string, db dbx.DB, opts []Option) (*Outbox, error) {
 
 // Add records an entry for claim c — topic, payload, and c's scope,
 // writer and token as the entry's version — in tx, the caller's open
-// transaction, which must already hold an accepted fence check of the
-// same claim: call it inside Fence.RunTx (the fn it runs), or after an
-// accepted Fence.Check on tx. The entry commits with tx, or not at all.
+// transaction, which must be fenced for the same claim: call it inside
+// Fence.RunTx (the fn it runs), or in a transaction that Fence.Commit
+// ends. The entry commits with tx, or not at all; the fence's comparison
+// at commit covers it, so a holder frozen after Add is rejected with its
+// entry when it wakes. An entry added in a transaction the fence does not
+// end is not fenced: nothing compares its token at commit.
 //
 // The insert is one statement that also requires the scope's floor to
-// equal c.Token, under a share lock of the floor row held until tx ends —
-// the fence's own check, so an entry can never be inserted outside a
-// fenced transaction of its token. In a transaction whose check accepted c
-// that always holds. When it does not (no check ran in tx, or it checked
-// another claim), Add inserts nothing and returns an error wrapping
+// equal c.Token as it reads it, taking no lock (so it holds up no newer
+// writer): inside RunTx that holds, since RunTx raises the floor to the
+// token before fn runs; before Commit, call Fence.Advance first. When it
+// does not hold (a stale claim, a floor not yet raised, another claim's
+// scope), Add inserts nothing and returns an error wrapping
 // leasecore.ErrInvalidArgument that gives the floor: roll back.
 //
 // Bad input (see leasecore.CheckOutboxEntry; a nil tx) returns a
@@ -159,7 +163,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, c leasecore.Claim, topic st
 }
 
 // AddTx is Add for a database/sql transaction: inside Fence.RunSQLTx, or
-// after an accepted Fence.CheckTx on tx.
+// in a transaction that Fence.CommitTx ends.
 func (o *Outbox) AddTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic string, payload []byte) (leasecore.OutboxEntry, error) {
 	const op = "outbox add"
 	if tx == nil {
@@ -186,8 +190,8 @@ func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic st
 			return leasecore.OutboxEntry{}, pgstore.MapError(ctx, pkg, op+": read the floor", err)
 		}
 		return leasecore.OutboxEntry{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: fmt.Sprintf(
-			"holds no accepted fence check of this claim: the floor of scope %q is %d, not the claim's token %d "+
-				"(add entries inside Fence.RunTx or RunSQLTx, or after an accepted Check or CheckTx, of the same claim); roll back",
+			"is not fenced for this claim: the floor of scope %q is %d, not the claim's token %d "+
+				"(add entries inside Fence.RunTx or RunSQLTx of the same claim, or after its Advance in a transaction that Commit or CommitTx ends); roll back",
 			c.Scope, floor, c.Token)}
 	}
 	if err != nil {

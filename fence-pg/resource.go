@@ -157,7 +157,7 @@ func query(ctx context.Context, stmt string, args ...any) statement {
 // hook, inside one transaction that stays open while the hook runs.
 func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leasecore.Write, shared, full statement) (res leasecore.Result, err error) {
 	exec := func(q dbx.Querier) (int64, error) {
-		if !r.fence.fullCheckFirst() {
+		if !r.fence.logAll() {
 			if floor, found, err := shared(q); err != nil || found {
 				return floor, err
 			}

@@ -141,6 +141,8 @@ func (h *harness) Traits() conformance.Traits {
 		conformance.AbilityCommitGap: "an etcd Txn is one atomic request: there is no open transaction to pause " +
 			"between the floor compare and the write",
 		conformance.AbilityLockWaitProbe: "an etcd Txn takes no lock a client could wait on",
+		conformance.AbilityCheckFirst: "an etcd Txn is one atomic request: its compare cannot run first and hold " +
+			"anything while the client goes on",
 	}
 	if h.cfg.HolderArgs == nil {
 		absent[conformance.AbilityHolderProcesses] = "etcdconformance.Config.HolderArgs is not set: this binary cannot re-execute itself as a holder"

@@ -119,7 +119,16 @@ func (u *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	res, _, err := u.fence.Commit(ctx, leasecore.ClaimOf(w), fenceetcd.Txn{Then: u.puts(w)})
+	// The Txn is built here and sent at once: InTransaction runs while it
+	// is built, and its statement is one more operation, a read of the
+	// first user key, added to the Txn.
+	ops := u.puts(w)
+	get := clientv3.OpGet(string(ops[0].KeyBytes()))
+	err := conformance.InTransaction(ctx, w, func(context.Context) error { ops = append(ops, get); return nil })
+	if err != nil {
+		return leasecore.Result{}, err
+	}
+	res, _, err := u.fence.Commit(ctx, leasecore.ClaimOf(w), fenceetcd.Txn{Then: ops})
 	return res, err
 }
 

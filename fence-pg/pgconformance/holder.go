@@ -39,7 +39,7 @@ type holderSpec struct {
 func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKind) (*exec.Cmd, error) {
 	switch kind {
 	case conformance.KindFenced, conformance.KindUnfenced, conformance.KindUserData, conformance.KindMarkerFirst,
-		conformance.KindOutbox:
+		conformance.KindOutbox, conformance.KindCheckFirst:
 	default:
 		return nil, fmt.Errorf("%s: holder command: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
 	}

@@ -149,6 +149,7 @@ var (
 	_ conformance.HolderProcesses    = (*harness)(nil)
 	_ conformance.CrashRestarter     = (*harness)(nil)
 	_ conformance.UserDataResources  = (*harness)(nil)
+	_ conformance.CheckFirstControl  = (*harness)(nil)
 )
 
 func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -136,38 +137,52 @@ func newUserResource(c pgopen.Pool, gap conformance.Gap, log fencepg.Option) (*u
 }
 
 // Write implements leasecore.FencedResource: one fenced transaction that
-// writes the row of every user table, then (F6u) waits in gap before the
-// commit.
+// writes the row of every user table, with conformance.InTransaction after
+// the first, then (F6u) waits in gap before the commit.
 func (r *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	if err := leasecore.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	args := []any{w.Scope, w.Part, w.Content, w.Writer, int64(w.Token)}
-	after := func() error {
-		if r.gap == nil {
-			return nil
-		}
-		return r.gap(ctx, w)
-	}
 	c := leasecore.ClaimOf(w)
 	if r.pool.Pgx != nil {
-		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
-			for _, table := range userTables {
-				if _, err := tx.Exec(ctx, upsertUserRow(table), args...); err != nil {
-					return err
-				}
-			}
-			return after()
-		})
+		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error { return writeUserRows(ctx, pgxExec(ctx, tx), w, r.gap) })
 	}
-	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
-		for _, table := range userTables {
-			if _, err := tx.ExecContext(ctx, upsertUserRow(table), args...); err != nil {
+	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error { return writeUserRows(ctx, sqlExec(ctx, tx), w, r.gap) })
+}
+
+// execer runs one statement in a transaction.
+type execer func(query string, args ...any) error
+
+func pgxExec(ctx context.Context, tx pgx.Tx) execer {
+	return func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err }
+}
+
+func sqlExec(ctx context.Context, tx *sql.Tx) execer {
+	return func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err }
+}
+
+// writeUserRows writes w's row in every user table, calling
+// conformance.InTransaction after the first (its statement: the first
+// row read back) and gap, when not nil, after the last.
+func writeUserRows(ctx context.Context, exec execer, w leasecore.Write, gap conformance.Gap) error {
+	args := []any{w.Scope, w.Part, w.Content, w.Writer, int64(w.Token)}
+	for i, table := range userTables {
+		if err := exec(upsertUserRow(table), args...); err != nil {
+			return err
+		}
+		if i == 0 {
+			stmt := func(context.Context) error {
+				return exec(`SELECT FROM public.`+table+` WHERE scope = $1 AND part = $2`, w.Scope, w.Part)
+			}
+			if err := conformance.InTransaction(ctx, w, stmt); err != nil {
 				return err
 			}
 		}
-		return after()
-	})
+	}
+	if gap == nil {
+		return nil
+	}
+	return gap(ctx, w)
 }
 
 // Advance implements conformance.Advancer with fencepg.Fence.Advance.
@@ -252,6 +267,49 @@ func holderUserResource(c pgopen.Pool, kind conformance.ResourceKind, log fencep
 		return newUserResource(c, nil, log)
 	case conformance.KindMarkerFirst:
 		return newMarkerFirst(c, log)
+	case conformance.KindCheckFirst:
+		return newCheckFirst(c, log)
 	}
 	return nil, fmt.Errorf("%s: unknown resource kind %q: %w", pkg, kind, leasecore.ErrInvalidArgument)
+}
+
+// CheckFirstResource implements conformance.CheckFirstControl: the user
+// tables written by pgcontrol.CheckFirst.
+func (h *harness) CheckFirstResource(ctx context.Context) (conformance.UserResource, error) {
+	c, err := h.open(ctx, h.cfg.ResourceDSN, resourceConns)
+	if err != nil {
+		return nil, err
+	}
+	return newCheckFirst(c, h.cfg.logOption())
+}
+
+// checkFirst is F18's negative control: the user rows in one transaction
+// whose first statement is the fence's check, holding the floor row until
+// the commit (pgcontrol.CheckFirst). It reads and advances like the fenced
+// user resource.
+type checkFirst struct {
+	*userResource
+	ctl *pgcontrol.CheckFirst
+}
+
+func newCheckFirst(c pgopen.Pool, log fencepg.Option) (*checkFirst, error) {
+	u, err := newUserResource(c, nil, log)
+	if err != nil {
+		return nil, err
+	}
+	controls, err := c.Controls()
+	if err != nil {
+		return nil, err
+	}
+	return &checkFirst{userResource: u, ctl: controls.CheckFirst()}, nil
+}
+
+// Write implements leasecore.FencedResource with the check first.
+func (r *checkFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
+	if err := leasecore.CheckWrite(ctx, w); err != nil {
+		return leasecore.Result{}, err
+	}
+	return r.ctl.Run(ctx, leasecore.ClaimOf(w), func(exec func(query string, args ...any) error) error {
+		return writeUserRows(ctx, exec, w, nil)
+	})
 }

@@ -16,6 +16,9 @@
 //     the stale holder writes it (F7).
 //   - IdempotentPublisher deduplicates by business key only: it keeps the
 //     first write, not the newest (F9).
+//   - CheckFirst runs the fence's check as a transaction's first statement
+//     and holds the floor row until the commit: a holder frozen inside it
+//     makes the newer holder wait, and its stale rows commit (F18).
 //
 // They share fencepg's resource tables (fence_floor, report_part,
 // write_attempt) and add one of their own, published. Their Floor, ReadPart

@@ -1,15 +1,17 @@
 -- The fenced outbox (fencepg.Outbox); applied with the resource schema by
 -- Migrate and ResourceDDL, after resource.sql (it relies on fence_floor).
 --
--- An entry is inserted only inside a transaction whose fence check of the
--- same claim was accepted (the insert itself requires the scope's floor to
--- equal the entry's token, under a share lock of the floor row), so a
--- stale holder's entry never exists. A relay delivers pending entries in
--- seq order and sets delivered_at once the downstream acknowledged.
+-- An entry is inserted inside a fenced transaction of its claim, only
+-- while the scope's floor equals the entry's token, and commits only if
+-- the transaction's comparison at commit still finds the floor at that
+-- token, so a stale holder's entry never exists. A relay delivers pending
+-- entries in seq order and sets delivered_at once the downstream
+-- acknowledged.
 --
 -- seq orders the entries (identity values are handed out in insert order,
--- and the fence makes every insert of a larger token of a scope follow the
--- commit of every smaller one); id is the identity the downstream
+-- and within a scope an entry of a larger token is inserted only after the
+-- floor reached it, so after every entry of a smaller token that commits
+-- was inserted); id is the identity the downstream
 -- deduplicates by: random, so it is never reused, also after the table is
 -- restored from a backup or recreated (seq would start again).
 CREATE TABLE IF NOT EXISTS leasefence.outbox (

@@ -38,12 +38,13 @@ func init() {
 
 type frozenTxSpec struct {
 	Driver, DSN string
+	Idle        time.Duration // the Fence's idle-in-transaction timeout
 }
 
-// frozenTxHolderMain is holder A: it runs RunTx with token 1 and the
-// default timeouts; inside its function it writes the job's rows, says
-// IN_TX, and waits for a line on stdin before returning (the parent
-// freezes it there). It then prints the outcome of RunTx.
+// frozenTxHolderMain is holder A: it runs RunTx with token 1; inside its
+// function it writes the job's header, says IN_TX, and waits for a line on
+// stdin before it writes a line and returns (the parent freezes it there).
+// It then prints the outcome of RunTx.
 func frozenTxHolderMain() int {
 	var spec frozenTxSpec
 	if err := json.Unmarshal([]byte(os.Getenv(frozenTxEnv)), &spec); err != nil {
@@ -58,10 +59,11 @@ func frozenTxHolderMain() int {
 	}
 	defer pool.Close()
 	var fence *fencepg.Fence
+	opt := fencepg.WithTimeouts(0, spec.Idle)
 	if pool.Pgx != nil {
-		fence, err = fencepg.NewFence(pool.Pgx)
+		fence, err = fencepg.NewFence(pool.Pgx, opt)
 	} else {
-		fence, err = fencepg.NewFenceDB(pool.SQL)
+		fence, err = fencepg.NewFenceDB(pool.SQL, opt)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -90,97 +92,128 @@ func frozenTxHolderMain() int {
 			return err
 		})
 	}
-	fmt.Printf("RESULT accepted=%t unavailable=%t err=%v\n", res.Accepted, errors.Is(err, leasecore.ErrUnavailable), err)
+	fmt.Printf("RESULT accepted=%t floor=%d unavailable=%t err=%v\n", res.Accepted, res.Floor, errors.Is(err, leasecore.ErrUnavailable), err)
 	return 0
 }
 
-// TestFenceFrozenInsideTx: holder A is frozen with SIGSTOP inside its
-// fenced transaction, holding the floor row's lock. Holder B, with a newer
-// token, queues behind it (pg_stat_activity shows B waiting on a lock) —
-// until the server ends A's idle session after
-// DefaultIdleInTransactionTimeout; then B is accepted (a writer with a
-// short lock timeout gives up before, with ErrUnavailable). A, thawed, learns that its transaction is gone (an
-// error wrapping leasecore.ErrUnavailable), and none of its rows appear.
-func TestFenceFrozenInsideTx(t *testing.T) {
-	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		f := newFenceFixture(t, driver)
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		spec, _ := json.Marshal(frozenTxSpec{Driver: driver, DSN: f.resDSN})
-		cmd.Env = append(os.Environ(), frozenTxEnv+"="+string(spec))
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		pid := cmd.Process.Pid
-		t.Cleanup(func() {
-			_ = syscall.Kill(pid, syscall.SIGCONT)
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-		})
-		lines := bufio.NewScanner(stdout)
-		if !lines.Scan() || lines.Text() != "IN_TX" {
-			t.Fatalf("holder A: %q, want IN_TX", lines.Text())
-		}
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
-		if st := waitState(t, pid, "T"); st != "T" {
-			t.Fatalf("holder A's state after SIGSTOP = %q, want T", st)
-		}
-		frozenAt := time.Now()
+// advanceBound is how long B's Advance may take while A is frozen inside
+// its fenced transaction: the fence holds no lock for A, so B waits for
+// nothing of A's; the bound only covers one statement on a busy machine.
+const advanceBound = time.Second
 
-		// A writer with a lock timeout gives up behind frozen A, with an
-		// error that says so and wraps ErrUnavailable.
+// TestFenceFrozenInsideTx: holder A is frozen with SIGSTOP inside its
+// fenced transaction (RunTx, RunSQLTx), after its first statement. The
+// fence holds no lock for A: holder B's Advance with a newer token returns
+// at once. B's own write of the rows A has written waits for A's row lock
+// in the job's table (pg_stat_activity shows it; a writer with a short lock
+// timeout gives up with ErrUnavailable), the one wait the fence does not
+// remove.
+//
+//   - woken before its idle timeout: A goes on with its next statement and
+//     its commit, which is rejected (the floor is B's token); B's write
+//     then goes through; only B's rows exist.
+//   - frozen past its idle timeout: the server ends A's session and rolls
+//     back its transaction; B's write goes through then; A, thawed, gets
+//     an error wrapping ErrUnavailable that names the idle timeout.
+func TestFenceFrozenInsideTx(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		idle time.Duration // A's idle-in-transaction timeout
+		past bool          // A stays frozen until its session ended
+	}{{"woken before its idle timeout", fencepg.DefaultIdleInTransactionTimeout, false}, {"frozen past its idle timeout", time.Second, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pgtest.ForEachDriver(t, func(t *testing.T, driver string) { frozenInsideTx(t, driver, tc.idle, tc.past) })
+		})
+	}
+}
+
+func frozenInsideTx(t *testing.T, driver string, idle time.Duration, past bool) {
+	f := newFenceFixture(t, driver)
+	ctx := context.Background()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	spec, _ := json.Marshal(frozenTxSpec{Driver: driver, DSN: f.resDSN, Idle: idle})
+	cmd.Env = append(os.Environ(), frozenTxEnv+"="+string(spec))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "IN_TX" {
+		t.Fatalf("holder A: %q, want IN_TX", lines.Text())
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if st := waitState(t, pid, "T"); st != "T" {
+		t.Fatalf("holder A's state after SIGSTOP = %q, want T", st)
+	}
+	frozenAt := time.Now()
+
+	// B cuts A off: nothing of the fence's waits for A.
+	b := leasecore.Claim{Scope: "frozen", Writer: "holder-b", Token: 2}
+	start := time.Now()
+	res, err := f.fence.Advance(ctx, b)
+	took := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backendtest.WantResult(t, "B's advance while A is frozen inside its transaction", res, true, 2)
+	if took > advanceBound {
+		t.Fatalf("B's advance took %v with A frozen inside its transaction: it waited for A (bound %v)", took, advanceBound)
+	}
+	t.Logf("B's advance returned in %v with A frozen", took.Round(time.Microsecond))
+
+	if !past {
+		// A writer with a lock timeout gives up behind A's row lock in the
+		// job's table, with an error that says so and wraps ErrUnavailable.
 		impatient := openFence(t, f.resPool, fencepg.WithTimeouts(300*time.Millisecond, 0))
-		c := leasecore.Claim{Scope: "frozen", Writer: "holder-b", Token: 2}
 		var err2 error
+		write := func(exec func(string, ...any) error) error {
+			return exec(upsertRun, b.Scope, b.Writer, int64(b.Token), 1)
+		}
 		if f.resPool.Pgx != nil {
-			_, err2 = impatient.RunTx(context.Background(), c, func(pgx.Tx) error { return nil })
+			_, err2 = impatient.RunTx(ctx, b, func(tx pgx.Tx) error {
+				return write(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err })
+			})
 		} else {
-			_, err2 = impatient.RunSQLTx(context.Background(), c, func(*sql.Tx) error { return nil })
+			_, err2 = impatient.RunSQLTx(ctx, b, func(tx *sql.Tx) error {
+				return write(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err })
+			})
 		}
 		if !errors.Is(err2, leasecore.ErrUnavailable) || !strings.Contains(err2.Error(), "lock timeout") {
-			t.Fatalf("B with a 300ms lock timeout behind frozen A: %v, want ErrUnavailable (lock timeout)", err2)
+			t.Fatalf("B with a 300ms lock timeout behind frozen A's row: %v, want ErrUnavailable (lock timeout)", err2)
 		}
+	}
 
-		// B writes with a newer token while A is frozen.
-		type outcome struct {
-			res leasecore.Result
-			at  time.Time
-		}
-		done := make(chan outcome, 1)
-		go func() {
-			res := f.writeJob(t, leasecore.Claim{Scope: "frozen", Writer: "holder-b", Token: 2}, 200)
-			done <- outcome{res, time.Now()}
-		}()
-		if wait := f.waitLockWaiter(t); !strings.HasPrefix(wait, "Lock/") {
-			t.Fatalf("B's wait = %q, want a lock wait", wait)
-		}
-		var b outcome
-		select {
-		case b = <-done:
-		case <-time.After(fencepg.DefaultIdleInTransactionTimeout + 10*time.Second):
-			t.Fatal("B still waiting long after A's idle timeout")
-		}
-		backendtest.WantResult(t, "B after A's session ended", b.res, true, 2)
-		if waited := b.at.Sub(frozenAt); waited < fencepg.DefaultIdleInTransactionTimeout-time.Second {
-			t.Fatalf("B finished %v after A froze: it did not queue behind A's lock (idle timeout %v)",
-				waited, fencepg.DefaultIdleInTransactionTimeout)
-		} else {
-			t.Logf("B waited %v behind frozen A (idle-in-transaction timeout %v)",
-				waited.Round(time.Millisecond), fencepg.DefaultIdleInTransactionTimeout)
-		}
-
-		// A wakes and goes on with its transaction.
+	// B writes the same rows; it waits for A's row lock in the job's table.
+	type outcome struct {
+		res leasecore.Result
+		at  time.Time
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res := f.writeJob(t, b, 200)
+		done <- outcome{res, time.Now()}
+	}()
+	if wait := f.waitLockWaiterOn(t, rowLockWaits); !strings.HasPrefix(wait, "Lock/") {
+		t.Fatalf("B's wait = %q, want a lock wait (A's row)", wait)
+	}
+	thaw := func() {
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 			t.Fatal(err)
 		}
@@ -188,13 +221,34 @@ func TestFenceFrozenInsideTx(t *testing.T) {
 		if !lines.Scan() {
 			t.Fatal("holder A printed no result")
 		}
-		if got := lines.Text(); !strings.HasPrefix(got, "RESULT accepted=false unavailable=true ") {
-			t.Fatalf("holder A: %q, want an error wrapping ErrUnavailable", got)
+	}
+	var bDone outcome
+	if past {
+		select {
+		case bDone = <-done:
+		case <-time.After(idle + 10*time.Second):
+			t.Fatal("B still waiting long after A's idle timeout")
 		}
-		if got := f.job(t, "frozen"); got != "holder-b/2/200 lines=1:200,2:400" {
-			t.Fatalf("rows = %q, want B's only", got)
+		if waited := bDone.at.Sub(frozenAt); waited < idle-100*time.Millisecond {
+			t.Fatalf("B finished %v after A froze: before A's idle timeout %v ended A's session", waited, idle)
 		}
-	})
+		thaw()
+		got := lines.Text()
+		if !strings.HasPrefix(got, "RESULT accepted=false floor=0 unavailable=true ") || !strings.Contains(got, "idle_in_transaction_session_timeout") {
+			t.Fatalf("holder A: %q, want an error wrapping ErrUnavailable that names idle_in_transaction_session_timeout", got)
+		}
+		t.Logf("holder A after its session was ended: %s", got)
+	} else {
+		thaw()
+		if got := lines.Text(); !strings.HasPrefix(got, "RESULT accepted=false floor=2 unavailable=false err=<nil>") {
+			t.Fatalf("holder A: %q, want its commit rejected by B's floor 2", got)
+		}
+		bDone = <-done
+	}
+	backendtest.WantResult(t, "B's write after A", bDone.res, true, 2)
+	if got := f.job(t, "frozen"); got != "holder-b/2/200 lines=1:200,2:400" {
+		t.Fatalf("rows = %q, want B's only", got)
+	}
 }
 
 // waitState polls /proc until pid is in state want or 5 s passed.

@@ -166,55 +166,54 @@ func TestFenceRun(t *testing.T) {
 	})
 }
 
-// TestFenceCheckInCallersTx: Check inside a transaction the caller began
-// and commits, on pgx and on database/sql; with LogAll the accepted entry
-// commits with the caller and goes when the caller rolls back, while the
-// rejected entry stays.
-func TestFenceCheckInCallersTx(t *testing.T) {
+// TestFenceCommitCallersTx: Commit (pgx) and CommitTx (database/sql) end
+// a transaction the caller began and filled itself; with LogAll the
+// accepted entry commits with the caller's rows, a transaction the caller
+// rolls back instead leaves nothing, and a rejection rolls back the
+// caller's rows while its log entry stays. Either way Commit leaves the
+// transaction closed.
+func TestFenceCommitCallersTx(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		f := newFenceFixture(t, driver, fencepg.WithAttemptLog(leasecore.LogAll))
 		ctx := context.Background()
-		// run begins a transaction, checks c, writes the header when
-		// accepted, and commits or rolls back as told.
+		// run begins a transaction, writes the header, and ends it with
+		// Commit, or rolls it back itself.
 		run := func(c leasecore.Claim, commit bool) leasecore.Result {
 			t.Helper()
 			var res leasecore.Result
-			var err error
-			// The caller's own transaction, its own statement, its own
-			// commit or rollback.
+			var err, closed error
 			if p := f.resPool.Pgx; p != nil {
 				tx, berr := p.Begin(ctx)
 				if berr != nil {
 					t.Fatal(berr)
 				}
-				if res, err = f.fence.Check(ctx, tx, c); err == nil && res.Accepted {
-					_, err = tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
+				if _, err = tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1); err == nil && commit {
+					res, err = f.fence.Commit(ctx, tx, c)
 				}
-				if err == nil && commit && res.Accepted {
-					err = tx.Commit(ctx)
-				} else {
-					_ = tx.Rollback(ctx)
+				if closed = tx.Rollback(ctx); !commit || errors.Is(closed, pgx.ErrTxClosed) {
+					closed = nil
 				}
 			} else {
 				tx, berr := f.resPool.SQL.BeginTx(ctx, nil)
 				if berr != nil {
 					t.Fatal(berr)
 				}
-				if res, err = f.fence.CheckTx(ctx, tx, c); err == nil && res.Accepted {
-					_, err = tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
+				if _, err = tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1); err == nil && commit {
+					res, err = f.fence.CommitTx(ctx, tx, c)
 				}
-				if err == nil && commit && res.Accepted {
-					err = tx.Commit()
-				} else {
-					_ = tx.Rollback()
+				if closed = tx.Rollback(); !commit || errors.Is(closed, sql.ErrTxDone) {
+					closed = nil
 				}
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
+			if closed != nil {
+				t.Fatalf("%s: Rollback after Commit = %v, want the transaction closed", c.Writer, closed)
+			}
 			return res
 		}
-		backendtest.WantResult(t, "token 3, rolled back by the caller", run(leasecore.Claim{Scope: "s", Writer: "w3", Token: 3}, false), true, 3)
+		run(leasecore.Claim{Scope: "s", Writer: "w3", Token: 3}, false)
 		if fl, _ := f.fence.Floor(ctx, "s"); fl != 0 {
 			t.Fatalf("floor after the caller rolled back = %d, want 0", fl)
 		}
@@ -437,9 +436,14 @@ func TestFenceBadInput(t *testing.T) {
 				_, err := f.fence.RunTx(ctx, good, pgxFn)
 				return err
 			}},
-			{"nil pgx tx", "tx", func() error { _, err := f.fence.Check(ctx, nil, good); return err }},
-			{"nil sql tx", "tx", func() error { _, err := f.fence.CheckTx(ctx, nil, good); return err }},
+			{"nil pgx tx", "tx", func() error { _, err := f.fence.Commit(ctx, nil, good); return err }},
+			{"nil sql tx", "tx", func() error { _, err := f.fence.CommitTx(ctx, nil, good); return err }},
+			{"commit token 0", "token", func() error {
+				_, err := f.fence.Commit(ctx, txSender{}, leasecore.Claim{Scope: "s", Writer: "w"})
+				return err
+			}},
 			{"nil batch", "batch", func() error { _, err := f.fence.SendBatch(ctx, nilSender{}, good, nil); return err }},
+			{"batch on a transaction", "sender", func() error { _, err := f.fence.SendBatch(ctx, txSender{}, good, &pgx.Batch{}); return err }},
 			{"batch token 0", "token", func() error {
 				_, err := f.fence.SendBatch(ctx, nilSender{}, leasecore.Claim{Scope: "s", Writer: "w"}, &pgx.Batch{})
 				return err
@@ -493,6 +497,14 @@ func TestFenceBadInput(t *testing.T) {
 type nilSender struct{}
 
 func (nilSender) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
+	panic("bad input reached SendBatch")
+}
+
+// txSender is a pgx.Tx on which every call panics: bad input sends
+// nothing, and SendBatch refuses a transaction before using it.
+type txSender struct{ pgx.Tx }
+
+func (txSender) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
 	panic("bad input reached SendBatch")
 }
 

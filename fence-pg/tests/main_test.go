@@ -131,9 +131,23 @@ func (f *fixture) leaseRow(t *testing.T, name string) string {
 // resource database waits for a lock, and returns the description.
 func (f *fixture) waitLockWaiter(t *testing.T) string {
 	t.Helper()
+	return f.waitLockWaiterOn(t, pgsql.LockWaits)
+}
+
+// rowLockWaits is pgsql.LockWaits for any statement that writes the job's
+// header table (job_run): a writer waiting for another's row lock there.
+const rowLockWaits = `SELECT wait_event_type, wait_event FROM pg_stat_activity
+ WHERE datname = current_database() AND wait_event_type = 'Lock'
+   AND pid <> pg_backend_pid() AND query ILIKE '%job_run%'
+ ORDER BY pid`
+
+// waitLockWaiterOn polls pg_stat_activity with waits, a query of
+// waiters' wait_event_type and wait_event, until it returns a row.
+func (f *fixture) waitLockWaiterOn(t *testing.T, waits string) string {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		rows, err := f.resourceDB.Query(context.Background(), pgsql.LockWaits)
+		rows, err := f.resourceDB.Query(context.Background(), waits)
 		if err != nil {
 			t.Fatal(err)
 		}

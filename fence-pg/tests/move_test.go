@@ -313,12 +313,12 @@ func TestMoveScope(t *testing.T) {
 		var res leasecore.Result
 		var err error
 		if tx.pgx != nil {
-			res, err = old.fence.Check(ctx, tx.pgx, b)
+			res, err = old.fence.Commit(ctx, tx.pgx, b)
 		} else {
-			res, err = old.fence.CheckTx(ctx, tx.sql, b)
+			res, err = old.fence.CommitTx(ctx, tx.sql, b)
 		}
 		tx.rollback()
-		wantMoved(t, "B's check in its own transaction at the old database", res, err, 2, 2)
+		wantMoved(t, "B's commit of its own transaction at the old database", res, err, 2, 2)
 		if p := old.resPool.Pgx; p != nil {
 			batch := &pgx.Batch{}
 			batch.Queue(upsertRun, "nightly", "holder-b", 2, 99)
@@ -462,25 +462,33 @@ func TestMoveScopeNeverFenced(t *testing.T) {
 	})
 }
 
-// TestMoveScopeWaitsForWriters: the seal takes the floor row's lock the
-// way a newer holder's check does. A transaction that passed its check
-// before the seal holds it: the seal waits until that transaction
-// commits, and the seal's transaction then reads its rows. A check after
-// the seal waits for the seal's transaction and is rejected.
-func TestMoveScopeWaitsForWriters(t *testing.T) {
+// TestMoveScopeCutsOffOpenTransactions: a fenced transaction compares at
+// commit and holds no lock of the fence's while it runs, so the seal does
+// not wait for a transaction that is open (B's, paused in its function):
+// it seals at once, and B's commit is then rejected by the sealed floor
+// (*ScopeMovedError); the seal's transaction reads B's rows as they were
+// committed before it, without the ones of the rejected transaction. A
+// check after the seal waits for the seal's transaction and is rejected.
+func TestMoveScopeCutsOffOpenTransactions(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		old := newFenceFixture(t, driver)
 		ctx := context.Background()
 		b := leasecore.Claim{Scope: "nightly", Writer: "holder-b", Token: 2}
 		backendtest.WantResult(t, "B", old.writeJob(t, b, 20), true, 2)
 
-		// B's next transaction passes its check and pauses before its
-		// commit, holding the floor row's share lock.
+		// B's next transaction writes its run and pauses before its
+		// commit.
 		inFn, release := make(chan struct{}), make(chan struct{})
-		done := make(chan error, 1)
+		var once sync.Once
+		releaseB := func() { once.Do(func() { close(release) }) }
+		t.Cleanup(releaseB)
+		type outcome struct {
+			res leasecore.Result
+			err error
+		}
+		done := make(chan outcome, 1)
 		go func() {
-			var res leasecore.Result
-			var err error
+			var o outcome
 			write := func(exec func(string, ...any) error) error {
 				if err := exec(upsertRun, "nightly", "holder-b", 2, 21); err != nil {
 					return err
@@ -490,18 +498,15 @@ func TestMoveScopeWaitsForWriters(t *testing.T) {
 				return nil
 			}
 			if p := old.resPool.Pgx; p != nil {
-				res, err = old.fence.RunTx(ctx, b, func(tx pgx.Tx) error {
+				o.res, o.err = old.fence.RunTx(ctx, b, func(tx pgx.Tx) error {
 					return write(func(s string, args ...any) error { _, err := tx.Exec(ctx, s, args...); return err })
 				})
 			} else {
-				res, err = old.fence.RunSQLTx(ctx, b, func(tx *sql.Tx) error {
+				o.res, o.err = old.fence.RunSQLTx(ctx, b, func(tx *sql.Tx) error {
 					return write(func(s string, args ...any) error { _, err := tx.ExecContext(ctx, s, args...); return err })
 				})
 			}
-			if err == nil && !res.Accepted {
-				err = fmt.Errorf("rejected: %+v", res)
-			}
-			done <- err
+			done <- o
 		}()
 		<-inFn
 		sealed := make(chan leasecore.ScopeSeal, 1)
@@ -513,28 +518,22 @@ func TestMoveScopeWaitsForWriters(t *testing.T) {
 			}
 			sealed <- s
 		}()
-		if w := old.waitLockWaiter(t); w == "" {
-			t.Fatal("the seal did not wait for B's transaction")
-		}
+		var s leasecore.ScopeSeal
 		select {
-		case s := <-sealed:
-			t.Fatalf("the seal returned %+v while B's transaction was open", s)
-		case <-time.After(100 * time.Millisecond):
+		case s = <-sealed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the seal waited for B's open transaction")
 		}
-		close(release)
-		if err := <-done; err != nil {
-			t.Fatalf("B's paused transaction: %v", err)
-		}
-		s := <-sealed
 		if s.Floor != 2 {
 			t.Errorf("seal = %+v, want floor 2", s)
 		}
 		run, _ := tx.rows(t, "nightly")
-		if fmt.Sprint(run) != "[holder-b 2 21]" {
-			t.Errorf("the seal's transaction read %v, want B's run committed just before: [holder-b 2 21]", run)
+		if fmt.Sprint(run) != "[holder-b 2 20]" {
+			t.Errorf("the seal's transaction read %v, want B's committed run: [holder-b 2 20]", run)
 		}
 
-		// A check after the seal waits for the seal's transaction.
+		// A check after the seal waits for the seal's transaction, and so
+		// does B's comparison at commit.
 		after := make(chan error, 1)
 		go func() {
 			res, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "nightly", Writer: "holder-c", Token: 3})
@@ -548,9 +547,15 @@ func TestMoveScopeWaitsForWriters(t *testing.T) {
 		if w := old.waitLockWaiter(t); w == "" {
 			t.Fatal("C's advance did not wait for the seal's transaction")
 		}
+		releaseB()
 		tx.commit(t)
 		if err := <-after; err != nil {
 			t.Errorf("C's advance after the seal: %v", err)
+		}
+		o := <-done
+		wantMoved(t, "B's transaction, open across the seal, at its commit", o.res, o.err, 2, 2)
+		if got, want := old.job(t, "nightly"), "holder-b/2/20 lines=1:20,2:40"; got != want {
+			t.Errorf("rows at the old database = %q, want %q: B's rejected transaction left nothing", got, want)
 		}
 	})
 }

@@ -95,27 +95,30 @@ func TestFenceObserver(t *testing.T) {
 			t.Errorf("second observer saw %q, want the same 5 events", got)
 		}
 
-		// Check and CheckTx in the caller's own transaction.
-		check := func(c leasecore.Claim) {
+		// Commit and CommitTx ending the caller's own transaction.
+		commit := func(c leasecore.Claim) {
 			t.Helper()
 			var err error
 			if p := f.resPool.Pgx; p != nil {
-				err = pgx.BeginFunc(ctx, p, func(tx pgx.Tx) error { _, err := f.fence.Check(ctx, tx, c); return err })
+				tx, berr := p.Begin(ctx)
+				if berr != nil {
+					t.Fatal(berr)
+				}
+				_, err = f.fence.Commit(ctx, tx, c)
 			} else {
 				tx, berr := f.resPool.SQL.BeginTx(ctx, nil)
 				if berr != nil {
 					t.Fatal(berr)
 				}
-				_, err = f.fence.CheckTx(ctx, tx, c)
-				_ = tx.Rollback()
+				_, err = f.fence.CommitTx(ctx, tx, c)
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
 		}
-		check(b)
-		check(a)
-		wantEvents(t, "check", &events, "check holder-b/2 accepted/2", "check holder-a/1 rejected/2")
+		commit(b)
+		commit(a)
+		wantEvents(t, "commit", &events, "commit holder-b/2 accepted/2", "commit holder-a/1 rejected/2")
 
 		// A floor from another lease service: the rejection says so.
 		other := leasecore.Claim{Scope: "obs", Writer: "holder-c", Token: 1, Space: "etcd:b"}
@@ -179,7 +182,7 @@ func TestFenceObserver(t *testing.T) {
 		want := []string{
 			"WARN stale write rejected: " + run + " holder-a/1 floor 2",
 			"WARN stale write rejected: advance holder-a/1 floor 2",
-			"WARN stale write rejected: check holder-a/1 floor 2",
+			"WARN stale write rejected: commit holder-a/1 floor 2",
 			"ERROR write rejected: token from another lease service: " + run + " holder-c/1 floor 2",
 		}
 		if strings.Join(msgs, "\n") != strings.Join(want, "\n") {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
@@ -158,70 +159,76 @@ func TestOutboxInFencedTx(t *testing.T) {
 	})
 }
 
-// TestOutboxAddNeedsTheCheck: Add in a transaction without an accepted
-// check of the same claim inserts nothing and says why, naming the floor;
-// after an accepted Check (CheckTx) in the caller's own transaction it
-// works.
-func TestOutboxAddNeedsTheCheck(t *testing.T) {
+// TestOutboxAddNeedsTheFloor: Add inserts only while the scope's floor is
+// the claim's token (a floor not raised yet, or raised past the token,
+// inserts nothing and says why, naming the floor), and in a transaction the
+// caller ends with Commit (CommitTx) the comparison at commit covers the
+// entry: a newer token advanced between Add and the commit rejects the
+// transaction, entry included.
+func TestOutboxAddNeedsTheFloor(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		f := newOutboxFixture(t, driver)
 		ctx := context.Background()
 		c := leasecore.Claim{Scope: "s", Writer: "w", Token: 5}
-		// inTx runs a transaction of the caller's: check (when told), Add,
-		// commit when Add succeeded.
-		inTx := func(check bool, add leasecore.Claim) error {
+		// inTx runs a transaction of the caller's: Add, then (when Add
+		// succeeded) between, then Commit.
+		inTx := func(add leasecore.Claim, between func()) (leasecore.Result, error) {
 			if p := f.resPool.Pgx; p != nil {
 				tx, err := p.Begin(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
-				if check {
-					if r, err := f.fence.Check(ctx, tx, c); err != nil || !r.Accepted {
-						t.Fatalf("check: %+v %v", r, err)
-					}
-				}
 				if _, err := f.outbox.Add(ctx, tx, add, "t", []byte("p")); err != nil {
-					return err
+					return leasecore.Result{}, err
 				}
-				return tx.Commit(ctx)
+				between()
+				return f.fence.Commit(ctx, tx, add)
 			}
 			tx, err := f.resPool.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-			if check {
-				if r, err := f.fence.CheckTx(ctx, tx, c); err != nil || !r.Accepted {
-					t.Fatalf("check: %+v %v", r, err)
-				}
-			}
 			if _, err := f.outbox.AddTx(ctx, tx, add, "t", []byte("p")); err != nil {
-				return err
+				return leasecore.Result{}, err
 			}
-			return tx.Commit()
+			between()
+			return f.fence.CommitTx(ctx, tx, add)
 		}
-		err := inTx(false, c)
+		nothing := func() {}
+		_, err := inTx(c, nothing)
 		var ae *leasecore.ArgError
 		if !errors.As(err, &ae) || ae.Field != "tx" || !strings.Contains(err.Error(), `the floor of scope "s" is 0, not the claim's token 5`) {
-			t.Fatalf("Add without a check: %v", err)
+			t.Fatalf("Add before the floor was raised: %v", err)
+		}
+		if r, err := f.fence.Advance(ctx, c); err != nil || !r.Accepted {
+			t.Fatalf("advance: %+v %v", r, err)
 		}
 		other := c
 		other.Token = 4
-		if err := inTx(true, other); !errors.Is(err, leasecore.ErrInvalidArgument) ||
+		if _, err := inTx(other, nothing); !errors.Is(err, leasecore.ErrInvalidArgument) ||
 			!strings.Contains(err.Error(), `the floor of scope "s" is 5, not the claim's token 4`) {
-			t.Fatalf("Add of another claim after a check: %v", err)
+			t.Fatalf("Add of a stale claim: %v", err)
 		}
 		wantStrings(t, "pending after refused adds", f.pending(t))
-		if err := inTx(true, c); err != nil {
-			t.Fatalf("Add after an accepted check: %v", err)
+		if res, err := inTx(c, nothing); err != nil || !res.Accepted {
+			t.Fatalf("Add at the floor's token, then Commit: %+v %v", res, err)
 		}
 		wantStrings(t, "pending", f.pending(t), "s/w/5/p")
-		// With the floor at the claim's token, a transaction without a
-		// check of its own is fenced by Add's share lock alone.
-		if err := inTx(false, c); err != nil {
-			t.Fatalf("Add at the floor's token: %v", err)
+		// A newer holder advances while the transaction is open after Add
+		// (the holder could be frozen there): the commit rejects it.
+		newer := leasecore.Claim{Scope: "s", Writer: "w2", Token: 6}
+		res, err := inTx(c, func() {
+			if r, err := f.fence.Advance(ctx, newer); err != nil || !r.Accepted {
+				t.Fatalf("newer advance while the transaction is open: %+v %v (it must not wait)", r, err)
+			}
+		})
+		backendtest.WantResult(t, "commit after a newer advance", res, false, 6)
+		if err != nil {
+			t.Fatal(err)
 		}
+		wantStrings(t, "pending after the rejected commit", f.pending(t), "s/w/5/p")
 	})
 }
 

@@ -220,31 +220,27 @@ func TestRuntimeRole(t *testing.T) {
 		if r, err := write(g.Token); err != nil || !r.Accepted {
 			t.Fatalf("fenced transaction: %+v %v", r, err)
 		}
-		// Check in a transaction of the caller's, in the configured schema.
+		// Commit of a transaction of the caller's, in the configured schema.
 		var checked leasecore.Result
 		if p.Pgx != nil {
 			tx, err := p.Pgx.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			checked, err = fence.Check(ctx, tx, c)
-			_ = tx.Rollback(ctx)
-			if err != nil {
-				t.Fatalf("check: %v", err)
+			if checked, err = fence.Commit(ctx, tx, c); err != nil {
+				t.Fatalf("commit: %v", err)
 			}
 		} else {
 			tx, err := p.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			checked, err = fence.CheckTx(ctx, tx, c)
-			_ = tx.Rollback()
-			if err != nil {
-				t.Fatalf("check: %v", err)
+			if checked, err = fence.CommitTx(ctx, tx, c); err != nil {
+				t.Fatalf("commit: %v", err)
 			}
 		}
 		if !checked.Accepted {
-			t.Fatalf("check: %+v", checked)
+			t.Fatalf("commit: %+v", checked)
 		}
 		if r, err := write(g.Token); err != nil || !r.Accepted { // an equal token writes again
 			t.Fatalf("fenced transaction again: %+v %v", r, err)

@@ -307,9 +307,8 @@ func TestTokenSpaceRejections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err = f.fence.Check(ctx, tx, b)
-			_ = tx.Rollback(ctx)
-			wantTokenSpaceError(t, "Check", res, err, b, 3, spaceA)
+			res, err = f.fence.Commit(ctx, tx, b)
+			wantTokenSpaceError(t, "Commit", res, err, b, 3, spaceA)
 			batch := &pgx.Batch{}
 			batch.Queue(upsertRun, b.Scope, b.Writer, int64(b.Token), 99)
 			res, err = f.fence.SendBatch(ctx, p, b, batch)
@@ -321,9 +320,8 @@ func TestTokenSpaceRejections(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err = f.fence.CheckTx(ctx, tx, b)
-			_ = tx.Rollback()
-			wantTokenSpaceError(t, "CheckTx", res, err, b, 3, spaceA)
+			res, err = f.fence.CommitTx(ctx, tx, b)
+			wantTokenSpaceError(t, "CommitTx", res, err, b, 3, spaceA)
 		}
 		if called {
 			t.Error("the rejected transaction's function ran")

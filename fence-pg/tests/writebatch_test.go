@@ -212,8 +212,9 @@ func TestWriteBatchSharesStatement(t *testing.T) {
 }
 
 // TestWriteBatchNotHeldByRaise: a scope whose floor is being raised by a
-// long transaction (a new holder's RunTx, still open) delays its own stale
-// writer only. Queued behind two held writes, the stale write and writes of
+// long transaction (the install of a scope moved here, InstallScope, which
+// takes the floor row first and holds it until the copy commits) delays
+// its own stale writer only. Queued behind two held writes, the stale write and writes of
 // 30 other scopes go into one statement; the others are stored while the
 // raise is still open, and the stale write waits for it and is rejected.
 func TestWriteBatchNotHeldByRaise(t *testing.T) {
@@ -236,20 +237,33 @@ func TestWriteBatchNotHeldByRaise(t *testing.T) {
 		t.Cleanup(end) // a failed test still ends the raise, so its pool can close
 		raise := make(chan error, 1)
 		go func() {
-			// The new holder's transaction: its check raises the floor to 6
-			// and keeps the row locked until the transaction ends.
-			c := leasecore.Claim{Scope: "raised", Writer: "holder-new", Token: 6}
-			hold := func() error {
-				close(entered)
-				<-resume
-				return nil
-			}
+			// The install's transaction: it raises the floor to 6 and keeps
+			// the row locked until the transaction ends.
+			s := leasecore.ScopeSeal{Scope: "raised", To: "db1", Floor: 6}
+			var enterOnce sync.Once
+			enter := func() { enterOnce.Do(func() { close(entered) }) }
+			defer enter() // a failed install lets the test go on to its error
 			var r leasecore.Result
 			var err error
 			if pool.Pgx != nil {
-				r, err = fence.RunTx(ctx, c, func(pgx.Tx) error { return hold() })
+				err = pgx.BeginFunc(ctx, pool.Pgx, func(tx pgx.Tx) error {
+					if r, err = fence.InstallScope(ctx, tx, s); err == nil {
+						enter()
+						<-resume
+					}
+					return err
+				})
 			} else {
-				r, err = fence.RunSQLTx(ctx, c, func(*sql.Tx) error { return hold() })
+				var tx *sql.Tx
+				if tx, err = pool.SQL.BeginTx(ctx, nil); err == nil {
+					if r, err = fence.InstallScopeTx(ctx, tx, s); err == nil {
+						enter()
+						<-resume
+						err = tx.Commit()
+					} else {
+						_ = tx.Rollback()
+					}
+				}
 			}
 			if err == nil && !r.Accepted {
 				err = fmt.Errorf("the raise was rejected: %+v", r)

@@ -4,19 +4,18 @@ package pgsql
 
 // OutboxAdd inserts one entry for the claim ($1 scope, $2 token, $3
 // writer) with topic $4 and payload $5, and returns its seq, id and
-// created_at. It runs inside the caller's fenced transaction, after the
-// fence check of the same claim, and inserts only when the scope's floor
-// equals the token: the same condition and the same share lock of the
-// floor row as the fence's fast path (sharedFloor, see fenceCTEs). In a
-// transaction whose check accepted the claim that always holds — the check
-// left the floor at the token and this transaction holds the row's lock,
-// so no newer writer can raise it before the commit. Anywhere else (a
-// transaction that skipped the check, or one that checked another claim)
-// it inserts nothing and returns no row: an entry can only exist under an
-// accepted check of its own token. It carries DurableCommit, as every
-// statement that relies on a floor.
+// created_at. It runs inside the caller's fenced transaction, which
+// compares the claim with the floor again when it commits, and inserts
+// only when the scope's floor equals the token as the statement sees it,
+// taking no lock (equalFloor): a stale claim inserts nothing, and within
+// a scope an entry of a larger token is only ever inserted after the
+// floor reached that token, so after every entry of a smaller token that
+// commits was inserted (its transaction's comparison at commit found the
+// floor at its own token): seqs of one scope follow token order. No row
+// back means the floor is not the token. It carries DurableCommit, as
+// every statement that relies on a floor.
 var OutboxAdd = `INSERT INTO leasefence.outbox (scope, token, writer, topic, payload)
-SELECT $1::text, $2::bigint, $3::text, $4::text, $5::bytea FROM (` + sharedFloor + `) AS same
+SELECT $1::text, $2::bigint, $3::text, $4::text, $5::bytea FROM (` + equalFloor + `) AS same
 RETURNING seq, id::text, created_at`
 
 // OutboxPending returns the first $1 undelivered entries in seq order: a

@@ -28,7 +28,9 @@ package pgsql
 //     second waits on the primary key for the first to commit, then takes
 //     the UPDATE branch against the committed row.
 //   - Either way the transaction holds a lock on the floor row until it
-//     ends, and the two locks conflict where they must: a writer that
+//     ends — which is why a fenced transaction runs its check last, in the
+//     round trip of its COMMIT where it can, so that no pause of the client
+//     falls while it holds it — and the two locks conflict where they must: a writer that
 //     raises the floor (update lock) waits for every transaction that
 //     holds it in share mode, and is waited for by every later one. So the
 //     data written under token t commits before the floor passes t, and
@@ -73,8 +75,13 @@ func logAttempt(part string) string {
 // floor). It share-locks the floor row and writes nothing; see fenceCTEs
 // for why that suffices. No row means "not equal, or no floor": the caller
 // then runs the full check, which also raises the floor.
-const sharedFloor = `SELECT max_token FROM leasefence.fence_floor
- WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
+const sharedFloor = equalFloor + ` FOR SHARE`
+
+// equalFloor is sharedFloor without the lock: a row when the floor of
+// scope $1 is the token $2 as this statement's snapshot sees it
+// (OutboxAdd, whose transaction compares again at commit).
+const equalFloor = `SELECT max_token FROM leasefence.fence_floor
+ WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit
 
 // sharedFloorNoWait is sharedFloor for the part store's writes, where no
 // row also means "being raised": SKIP LOCKED passes over a floor row
@@ -88,26 +95,32 @@ const sharedFloorNoWait = sharedFloor + ` SKIP LOCKED`
 
 // idleTimeout sets the transaction's idle_in_transaction_session_timeout
 // to $N (milliseconds as text; NULL: leave the server's setting). It sits
-// in the select list of the check a fenced transaction starts with, so it
-// costs no statement of its own: it only has to be in force once the
-// check returns and the transaction can go idle.
+// in the select list of the early read a fenced transaction starts with,
+// so it costs no statement of its own: it only has to be in force once
+// that read returns and the transaction can go idle.
 func idleTimeout(param string) string {
 	return `set_config('idle_in_transaction_session_timeout',
   coalesce(` + param + `::text, current_setting('idle_in_transaction_session_timeout')), true)`
 }
 
-// FenceSharedRun is sharedFloor for fencepg.Fence.RunTx and RunSQLTx, with
-// the idle timeout $3.
-var FenceSharedRun = `SELECT max_token, ` + idleTimeout("$3") + `
-  FROM leasefence.fence_floor WHERE scope = $1::text AND max_token = $2::bigint AND ` + DurableCommit + ` FOR SHARE`
+// FenceEarlyRead is the first statement of fencepg.Fence.RunTx and
+// RunSQLTx: the floor of scope $1 (0 for none), read without a lock, and
+// the idle timeout $2. A floor above the token rejects the transaction
+// before the caller's function runs; one below it is raised first. The
+// decision itself is taken at commit (FenceGuardOrRaise, FenceShared):
+// floors only go up, so this read can only reject early what the commit
+// would reject too.
+var FenceEarlyRead = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text), 0), ` + idleTimeout("$2")
 
-// FenceCheckRun is FenceCheck with the idle timeout $7, for RunTx and
-// RunSQLTx when the fast path found no equal floor.
-var FenceCheckRun = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
-SELECT max_token, ` + idleTimeout("$7") + ` FROM floor`
+// FenceShared is sharedFloor on its own: the comparison a database/sql
+// fenced transaction ends with before its COMMIT (fencepg.Fence.RunSQLTx,
+// CommitTx). $1 scope, $2 token; a row back means accepted.
+const FenceShared = sharedFloor
 
-// FenceGuardOrRaise is the fast path of a pipeline (fencepg.Fence.SendBatch):
-// it share-locks the floor row and returns the floor when it equals $2;
+// FenceGuardOrRaise is the fast path of a pipeline (fencepg.Fence.SendBatch)
+// and the comparison a pgx fenced transaction ends with, in the round trip
+// of its COMMIT (fencepg.Fence.RunTx): it share-locks the floor row and
+// returns the floor when it equals $2;
 // otherwise — a floor above or below the token, or none — it raises
 // RejectedState through fence_reject with the floor (0 for none) in
 // DETAIL, aborting the pipeline. The caller tells a floor below the token
@@ -177,16 +190,20 @@ var FencedWriteBatchShared = `WITH same AS (` + sharedFloorNoWait + `), input AS
 )
 SELECT max_token FROM same`
 
-// FenceCheck is the check a caller runs inside its own transaction
-// (fencepg.Fence.Check). It returns the floor; accepted ⇔ floor = $2.
-// After a rejection the caller rolls back, which would take a rejected
-// attempt's log entry with it: callers pass $5 = false and log it with
-// LogAttempt on a connection of its own.
+// FenceCheck is the full check: the last statement before COMMIT of a
+// database/sql fenced transaction when FenceShared found no equal floor
+// (fencepg.Fence.RunSQLTx, CommitTx), Advance's statement in autocommit,
+// and InstallScope's. It returns the floor; accepted ⇔ floor = $2. After a
+// rejection the caller's transaction rolls back, which would take a
+// rejected attempt's log entry with it: inside one, callers pass $5 =
+// false and log it with LogAttempt on a connection of their own.
 var FenceCheck = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
 SELECT max_token FROM floor`
 
-// FenceCheckOrRaise is FenceCheck for a pipeline (fencepg.Fence.SendBatch):
-// a rejection raises SQLSTATE RejectedState through fence_reject (see the
+// FenceCheckOrRaise is FenceCheck for a pipeline (fencepg.Fence.SendBatch
+// with leasecore.LogAll) and for the round trip that ends a pgx fenced
+// transaction with its COMMIT (fencepg.Fence.Commit, and RunTx with
+// LogAll): a rejection raises SQLSTATE RejectedState through fence_reject (see the
 // schema), which aborts the pipeline's implicit transaction, so none of the
 // caller's statements queued after it takes effect.
 var FenceCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `

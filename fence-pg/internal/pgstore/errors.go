@@ -86,7 +86,7 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 		// The driver noticed ctx in its own way (lib/pq can report a broken
 		// connection); what the caller needs to match is the context.
 		return fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err)
-	case isConnectionError(err):
+	case IsConnectionError(err):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
@@ -204,7 +204,9 @@ func grantHint(op, msg string) string {
 	return fmt.Sprintf("grant this role what it needs on %s %s", kind, name)
 }
 
-func isConnectionError(err error) bool {
+// IsConnectionError reports whether err is a connection-level failure (a
+// broken or closed connection), as MapError classifies it.
+func IsConnectionError(err error) bool {
 	var netErr net.Error
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &netErr) || errors.As(err, &connectErr) ||

@@ -93,8 +93,16 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			}
 
 			// A transaction idle longer than the idle timeout is ended by the
-			// server; nothing of it commits.
-			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error {
+			// server; nothing of it commits. (RunTx raised the floor to 2
+			// before fn ran, in a transaction of its own: that stays.)
+			if _, err := pool.DB().Exec(ctx, `CREATE TABLE IF NOT EXISTS public.idle_probe (k int PRIMARY KEY)`); err != nil {
+				t.Fatal(err)
+			}
+			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(q querier) error {
+				var k int
+				if err := q.QueryRow(ctx, `INSERT INTO public.idle_probe VALUES (1) RETURNING k`).Scan(&k); err != nil {
+					return err
+				}
 				time.Sleep(idleTimeout + time.Second)
 				return nil
 			})
@@ -103,8 +111,12 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 					idleTimeout+time.Second, idleTimeout, err)
 			}
 			t.Logf("idle transaction behind the pooler: %v", err)
-			if floor, err := fence.Floor(ctx, scope); err != nil || floor != 1 {
-				t.Fatalf("floor after the ended transaction: %d, %v, want 1 (nothing committed)", floor, err)
+			var rows int
+			if err := pool.DB().QueryRow(ctx, `SELECT count(*) FROM public.idle_probe`).Scan(&rows); err != nil || rows != 0 {
+				t.Fatalf("rows of the ended transaction: %d, %v, want 0 (nothing committed)", rows, err)
+			}
+			if floor, err := fence.Floor(ctx, scope); err != nil || floor != 2 {
+				t.Fatalf("floor after the ended transaction: %d, %v, want 2 (raised before fn ran)", floor, err)
 			}
 			res, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
 			if err != nil || !res.Accepted {

@@ -66,6 +66,7 @@ var (
 	_ conformance.HolderProcesses    = (*harness)(nil)
 	_ conformance.UserDataResources  = (*harness)(nil)
 	_ conformance.OutboxResources    = (*harness)(nil)
+	_ conformance.CheckFirstControl  = (*harness)(nil)
 )
 
 // Traits: timing and tokens follow the lease backend.
@@ -145,6 +146,10 @@ func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (co
 
 func (h *harness) MarkerFirstResource(ctx context.Context) (conformance.MarkerFirst, error) {
 	return h.pg.(conformance.UserDataResources).MarkerFirstResource(ctx)
+}
+
+func (h *harness) CheckFirstResource(ctx context.Context) (conformance.UserResource, error) {
+	return h.pg.(conformance.CheckFirstControl).CheckFirstResource(ctx)
 }
 
 func (h *harness) FencedOutbox(ctx context.Context) (conformance.Outbox, error) {

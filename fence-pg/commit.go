@@ -1,0 +1,500 @@
+package fencepg
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// The fenced transaction decides at commit. Its comparison with the floor
+// is the last statement before COMMIT and takes the floor row's lock only
+// from there to the end of the transaction: on pgx both travel in one
+// round trip, so no pause of the client can fall between them; on
+// database/sql they are two, and the idle-in-transaction timeout bounds a
+// pause there. While the caller's function runs the fence holds no lock,
+// so a frozen or slow holder never makes a newer writer of the scope wait
+// on the floor (it may still hold row locks of the caller's own tables),
+// and a newer token accepted or advanced meanwhile rejects the whole
+// transaction when it commits. Etcd's Txn and Chubby's sequencers
+// (SOURCES.md) decide when the request arrives for the same reason.
+
+// RunTx begins a Read Committed transaction on the Fence's pgx pool, runs
+// fn in it, and commits it only if, when it commits, no token larger than
+// c.Token has been accepted or advanced for c.Scope:
+//
+//   - The first round trip (BEGIN and a read of the floor, which takes no
+//     lock) rejects at once a token the floor has already passed: fn is
+//     not called. When the floor is below c.Token (the first transaction
+//     of a holding period that did not call Advance), RunTx first raises
+//     it to c.Token in a transaction of its own that commits before fn
+//     runs, as Advance does, so older holders are cut off from then on;
+//     that costs one more round trip (RunSQLTx: several), once per
+//     holding period. A lock timeout (WithTimeouts) bounds its wait too.
+//   - fn runs with no lock of the fence's held. If fn returns an error (or
+//     panics), RunTx rolls back and returns that error wrapped (errors.Is
+//     and errors.As reach it; a server or connection failure inside fn is
+//     classified like any other, e.g. wrapping leasecore.ErrUnavailable).
+//     fn must not commit or roll back tx itself.
+//   - Then the comparison and COMMIT go in one round trip: the comparison
+//     share-locks the floor row and, if the floor is no longer c.Token,
+//     aborts the transaction, which then rolls back whole. Accepted:
+//     Result{Accepted: true}. Rejected: Result.Floor is the larger token
+//     that beat c.Token (with a *leasecore.TokenSpaceError when it is from
+//     another token space, see Fence), and nothing fn wrote is kept.
+//
+// A holder frozen inside fn (a GC pause, SIGSTOP) therefore holds up no
+// newer writer on the fence: a newer holder's Advance or write goes
+// through at once, and the frozen holder's transaction is rejected when it
+// wakes and commits. Until it wakes or its session ends it still holds the
+// row locks its own statements took on the caller's tables; the
+// idle-in-transaction timeout (DefaultIdleInTransactionTimeout,
+// WithTimeouts) ends a frozen holder's session, and its transaction with
+// it, after that long. The frozen holder, when it wakes after that, gets
+// an error wrapping leasecore.ErrUnavailable that names the timeout.
+//
+// A Fence made by NewFenceDB returns an error wrapping
+// leasecore.ErrInvalidArgument: use RunSQLTx.
+func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (leasecore.Result, error) {
+	const op = "run tx"
+	if err := f.checkRun(ctx, op, c, fn == nil, f.pgx == nil, "RunSQLTx"); err != nil {
+		return leasecore.Result{}, err
+	}
+	conn, tx, floor, err := f.beginPgx(ctx, op, c)
+	if err != nil {
+		return leasecore.Result{}, err
+	}
+	if floor < c.Token {
+		if floor, err = f.raisePgx(ctx, op, c, tx); err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			conn.Release()
+			return leasecore.Result{}, err
+		}
+	}
+	return f.runPgx(ctx, op, c, conn, tx, floor, fn)
+}
+
+// beginPgx acquires a connection and sends BEGIN with the transaction's
+// settings and the early read of the floor, in one round trip.
+func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pgxpool.Conn, pgx.Tx, leasecore.Token, error) {
+	conn, err := f.pgx.Acquire(ctx)
+	if err != nil {
+		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	f.queueLockTimeout(b)
+	var floor int64
+	var setting string
+	b.Queue(f.stmt.earlyRead, c.Scope, f.idleSetting()).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		conn.Release()
+		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return conn, tx, leasecore.Token(floor), nil
+}
+
+// runPgx is RunTx once the transaction has begun and early, the floor it
+// read, is at least c.Token: above it, it rejects at once; at it, it runs
+// fn and then the comparison and COMMIT in one round trip.
+func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *pgxpool.Conn, tx pgx.Tx,
+	early leasecore.Token, fn func(pgx.Tx) error) (leasecore.Result, error) {
+	released, finished := false, false
+	release := func() {
+		if !released {
+			released = true
+			conn.Release()
+		}
+	}
+	defer release()
+	defer func() {
+		if !finished {
+			// Not ctx: it may be why we are rolling back.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	rejected := func(floor int64) (leasecore.Result, error) {
+		finished = true
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		// Give the connection back before logging: the log needs one of
+		// the pool's, and with every connection held by a rejected writer
+		// waiting for another the pool would never free one.
+		release()
+		return f.outcome(ctx, op, c, floor)
+	}
+	if early != c.Token {
+		if err := f.notBelow(op, c, int64(early)); err != nil {
+			return leasecore.Result{}, err
+		}
+		return rejected(int64(early))
+	}
+	if err := fn(tx); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	b := &pgx.Batch{}
+	f.queueCommitCheck(b, c)
+	b.Queue("commit")
+	err := tx.SendBatch(ctx, b).Close()
+	if floor, ok := rejectedFloor(err); ok {
+		if err := f.notBelow(op, c, floor); err != nil {
+			return leasecore.Result{}, err
+		}
+		return rejected(floor)
+	}
+	if err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+	}
+	finished = true
+	return f.accepted(op, c), nil
+}
+
+// queueCommitCheck queues RunTx's comparison that goes before COMMIT: the
+// guard (the floor must equal the token; RunTx raised it before fn ran)
+// or, with leasecore.LogAll, the full check, which also logs the accepted
+// attempt in the transaction. Either raises fencepg's rejection (see
+// rejectedFloor) when the floor is not the token, so the COMMIT behind it
+// does not run.
+func (f *Fence) queueCommitCheck(b *pgx.Batch, c leasecore.Claim) {
+	if f.logAll() {
+		b.Queue(f.stmt.checkOrRaise, f.args(c, false)...)
+		return
+	}
+	b.Queue(f.stmt.guardOrRaise, c.Scope, int64(c.Token))
+}
+
+// raiseArgs are the advance's parameters when RunTx or RunSQLTx raise a
+// floor below the token before the caller's function runs: nothing is
+// logged there (the read that follows decides, and a rejection is logged
+// once, by outcome; with leasecore.LogAll the accepted attempt is logged
+// by the comparison at commit).
+func (f *Fence) raiseArgs(c leasecore.Claim) []any {
+	args := f.args(c, false)
+	args[3] = false
+	return args
+}
+
+// raisePgx raises the floor to c.Token before RunTx's function runs, on
+// the transaction's own connection and in one round trip: the empty
+// transaction begun with the early read is rolled back, the advance runs
+// in a transaction of its own (with the lock timeout) and commits, so no
+// lock of it is held while fn runs, and the transaction proper begins
+// again with its settings and reads the floor once more, which it
+// returns.
+func (f *Fence) raisePgx(ctx context.Context, op string, c leasecore.Claim, tx pgx.Tx) (leasecore.Token, error) {
+	const begin = "begin isolation level read committed"
+	b := &pgx.Batch{}
+	b.Queue("rollback")
+	b.Queue(begin)
+	f.queueLockTimeout(b)
+	b.Queue(f.stmt.advance, f.raiseArgs(c)...)
+	b.Queue("commit")
+	b.Queue(begin)
+	f.queueLockTimeout(b)
+	var floor int64
+	var setting string
+	b.Queue(f.stmt.earlyRead, c.Scope, f.idleSetting()).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return 0, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return leasecore.Token(floor), nil
+}
+
+// raiseSQL is raisePgx for RunSQLTx, whose caller has rolled its
+// transaction back: the advance in a transaction of its own on the pool,
+// with the lock timeout.
+func (f *Fence) raiseSQL(ctx context.Context, op string, c leasecore.Claim) error {
+	tx, err := f.beginSQLTx(ctx, op)
+	if err != nil {
+		return err
+	}
+	var floor int64
+	if err := tx.QueryRowContext(ctx, f.stmt.advance, f.raiseArgs(c)...).Scan(&floor); err != nil {
+		_ = tx.Rollback()
+		return pgstore.MapError(ctx, pkg, op, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return pgstore.MapError(ctx, pkg, op, err)
+	}
+	return nil
+}
+
+// notBelow returns the error for a floor found below c.Token where it can
+// only be at or above it: right after it was raised to c.Token, or under
+// the share lock of a check that it equals c.Token. Floors only go up, so
+// it was written outside the fence.
+func (f *Fence) notBelow(op string, c leasecore.Claim, floor int64) error {
+	if leasecore.Token(floor) >= c.Token {
+		return nil
+	}
+	return fmt.Errorf("%s: %s: the floor of scope %q is %d, below %d, right after it was raised to %d: it was written outside the fence",
+		pkg, op, c.Scope, floor, c.Token, c.Token)
+}
+
+// accepted reports and returns an accepted commit.
+func (f *Fence) accepted(op string, c leasecore.Claim) leasecore.Result {
+	res := leasecore.Result{Accepted: true, Floor: c.Token}
+	if f.cfg.observe != nil {
+		f.report(op, c, res, nil)
+	}
+	return res
+}
+
+// RunSQLTx is RunTx for database/sql. BEGIN, the early read and (with a
+// lock timeout) its setting are one round trip each; at the end the
+// comparison and COMMIT are two, since database/sql cannot pipeline them:
+// the comparison's share lock of the floor row is held for the one round
+// trip between them, and a holder frozen exactly there is ended by the
+// idle-in-transaction timeout like one frozen inside fn. A Fence made by
+// NewFence returns an error wrapping leasecore.ErrInvalidArgument: use
+// RunTx.
+func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
+	const op = "run sql tx"
+	if err := f.checkRun(ctx, op, c, fn == nil, f.sql == nil, "RunTx"); err != nil {
+		return leasecore.Result{}, err
+	}
+	tx, floor, err := f.beginSQL(ctx, op, c)
+	if err != nil {
+		return leasecore.Result{}, err
+	}
+	if floor < c.Token {
+		_ = tx.Rollback()
+		if err := f.raiseSQL(ctx, op, c); err != nil {
+			return leasecore.Result{}, err
+		}
+		if tx, floor, err = f.beginSQL(ctx, op, c); err != nil {
+			return leasecore.Result{}, err
+		}
+	}
+	if floor != c.Token {
+		_ = tx.Rollback()
+		if err := f.notBelow(op, c, int64(floor)); err != nil {
+			return leasecore.Result{}, err
+		}
+		return f.outcome(ctx, op, c, int64(floor))
+	}
+	// The last statement of RunSQLTx's own before fn: how long the
+	// transaction can have sat idle is at most the time since.
+	since := time.Now()
+	if err, lost := runFn(tx, fn); err != nil {
+		return leasecore.Result{}, f.lostSQLTx(pgstore.MapError(ctx, pkg, op, err), err, since, lost)
+	}
+	return f.commitSQL(ctx, op, tx, c, since)
+}
+
+// runFn calls fn and rolls tx back unless fn returned nil; a panic rolls
+// back too and goes on. lost reports that the rollback found the
+// connection broken, which fn's error (formatted, not wrapped) may hide.
+func runFn(tx *sql.Tx, fn func(*sql.Tx) error) (err error, lost bool) {
+	ok := false
+	defer func() {
+		if !ok {
+			lost = errors.Is(tx.Rollback(), driver.ErrBadConn)
+		}
+	}()
+	err = fn(tx)
+	ok = err == nil
+	return err, false
+}
+
+// lostSQLTx explains a broken connection of RunSQLTx's transaction: lib/pq
+// turns the server's FATAL error for a session it ended
+// (idle_in_transaction_session_timeout, SQLSTATE 25P03) into
+// driver.ErrBadConn, and the reason is lost; pgx's stdlib driver keeps
+// it. When the connection broke (lost, or a connection error without a
+// SQLSTATE) longer after RunSQLTx's last own statement than the
+// transaction's idle timeout, the transaction can have sat idle that long,
+// and the server most likely ended it: the error says so. Every such
+// failure comes before the COMMIT was sent (commitSQL maps a failed COMMIT
+// itself), so nothing of the transaction was committed. mapped is
+// MapError's error for err.
+func (f *Fence) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
+	open := time.Since(since)
+	var coded interface{ SQLState() string }
+	d := f.cfg.idleInTxTimeout
+	if d <= 0 || open <= d || errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
+		return mapped
+	}
+	if lost && !errors.Is(mapped, leasecore.ErrUnavailable) {
+		mapped = fmt.Errorf("%w: %w", leasecore.ErrUnavailable, mapped)
+	}
+	return fmt.Errorf("%w (the connection broke %v after the transaction's last statement before fn, longer than its "+
+		"idle_in_transaction_session_timeout %v: the server most likely ended its session, SQLSTATE 25P03, which this "+
+		"driver does not report; nothing of the transaction was committed)", mapped, open.Round(time.Millisecond), d)
+}
+
+// beginSQLTx begins a Read Committed transaction on the database/sql
+// pool with the lock timeout, when one is set.
+func (f *Fence) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
+	tx, err := f.sql.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, pgstore.MapError(ctx, pkg, op, err)
+	}
+	if d := f.cfg.lockTimeout; d > 0 {
+		// No arguments: lib/pq sends the simple protocol.
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
+			_ = tx.Rollback()
+			return nil, pgstore.MapError(ctx, pkg, op, err)
+		}
+	}
+	return tx, nil
+}
+
+// beginSQL begins RunSQLTx's transaction with its settings and reads the
+// floor, taking no lock.
+func (f *Fence) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*sql.Tx, leasecore.Token, error) {
+	tx, err := f.beginSQLTx(ctx, op)
+	if err != nil {
+		return nil, 0, err
+	}
+	var floor int64
+	var setting string
+	if err := tx.QueryRowContext(ctx, f.stmt.earlyRead, c.Scope, f.idleSetting()).Scan(&floor, &setting); err != nil {
+		_ = tx.Rollback()
+		return nil, 0, pgstore.MapError(ctx, pkg, op, err)
+	}
+	return tx, leasecore.Token(floor), nil
+}
+
+// commitSQL compares c with the floor as the last statement of tx and
+// commits tx when the floor is c.Token, else rolls it back: RunSQLTx's end
+// (since is when RunSQLTx's last statement before fn returned) and
+// CommitTx (since is zero: the caller's transaction is not ours to time).
+func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecore.Claim, since time.Time) (leasecore.Result, error) {
+	var floor int64
+	err := sql.ErrNoRows
+	if !f.logAll() {
+		// The common case: the floor equals the token; share-locked, no
+		// new row version.
+		err = tx.QueryRowContext(ctx, f.stmt.shared, c.Scope, int64(c.Token)).Scan(&floor)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		// Not equal (or LogAll): the full check raises a floor below the
+		// token and returns the floor it left.
+		err = tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor)
+	}
+	if err != nil {
+		lost := errors.Is(tx.Rollback(), driver.ErrBadConn)
+		mapped := pgstore.MapError(ctx, pkg, op, err)
+		if since.IsZero() {
+			return leasecore.Result{}, mapped
+		}
+		return leasecore.Result{}, f.lostSQLTx(mapped, err, since, lost)
+	}
+	if leasecore.Token(floor) != c.Token {
+		_ = tx.Rollback()
+		return f.outcome(ctx, op, c, floor)
+	}
+	if err := tx.Commit(); err != nil {
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+	}
+	return f.accepted(op, c), nil
+}
+
+// Commit ends the caller's own pgx transaction tx under the fence for c:
+// it compares c.Token with the scope's floor as the last statement of tx
+// and commits tx in the same round trip when the floor allows it, so tx
+// commits only if, when it commits, no larger token has been accepted or
+// advanced for c.Scope. A floor below c.Token is raised to it in that
+// statement. Use it for transactions the caller begins and fills itself
+// (its own BEGIN, statements, a pgx.Batch on tx); RunTx does the same for
+// a function.
+//
+// Accepted: tx is committed, Result{Accepted: true}. Rejected: tx is
+// rolled back, nothing written in it is kept, and Result.Floor is the
+// larger token that beat c.Token (logged, and diagnosed, as RunTx's
+// rejections are). Either way tx is closed: a deferred tx.Rollback then
+// returns pgx.ErrTxClosed, as after tx.Commit. An error means tx was
+// rolled back, or — an error wrapping leasecore.ErrUnavailable or the
+// context's, the connection lost during the round trip — that the outcome
+// is unknown.
+//
+// Until Commit the fence holds no lock for tx, so a newer holder never
+// waits on the fence for it; tx's own statements hold their row locks
+// until it ends, as always. Run tx at Read Committed (see Fence about
+// stricter levels) and set idle_in_transaction_session_timeout for it
+// (per transaction, role or database) if the holder could freeze inside
+// it. tx must be a transaction begun on a pool or connection (pgx.Tx from
+// Begin or BeginTx), not a pseudo-nested one from Tx.Begin: Commit commits
+// the real transaction. Its round trip carries one more statement after
+// the COMMIT, a BEGIN, whose empty transaction tx.Commit then ends: that
+// is how tx is closed (and a *pgxpool.Tx's connection returned) without a
+// COMMIT the server would answer with a warning.
+func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "commit"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	if tx == nil {
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	b := &pgx.Batch{}
+	b.Queue(f.stmt.checkOrRaise, f.args(c, false)...)
+	b.Queue("commit")
+	b.Queue("begin")
+	err := tx.SendBatch(ctx, b).Close()
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		if floor, ok := rejectedFloor(err); ok {
+			return f.outcome(ctx, op, c, floor)
+		}
+		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+	}
+	// Committed. This ends the empty transaction the BEGIN opened; if it
+	// fails the connection is gone, which changes nothing that committed.
+	_ = tx.Commit(context.WithoutCancel(ctx))
+	return f.accepted(op, c), nil
+}
+
+// CommitTx is Commit for a database/sql transaction: the comparison and
+// COMMIT are two round trips (database/sql cannot pipeline them), so the
+// comparison's share lock of the floor row is held for the one round trip
+// between them. Accepted: tx is committed. Rejected or an error: tx is
+// rolled back (or, an error on the COMMIT itself, its outcome is unknown).
+func (f *Fence) CommitTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
+	const op = "commit"
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return leasecore.Result{}, err
+	}
+	if tx == nil {
+		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	return f.commitSQL(ctx, op, tx, c, time.Time{})
+}
+
+// logAll reports whether every attempt is logged (leasecore.LogAll): the
+// accepted one only the full check logs.
+func (f *Fence) logAll() bool { return f.cfg.log == leasecore.LogAll }
+
+// idleSetting is the idle timeout as set_config takes it, nil to leave the
+// server's setting.
+func (f *Fence) idleSetting() any {
+	if d := f.cfg.idleInTxTimeout; d > 0 {
+		return strconv.FormatInt(d.Milliseconds(), 10)
+	}
+	return nil
+}
+
+func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
+	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+		return err
+	}
+	if nilFn {
+		return &leasecore.ArgError{Op: op, Field: "fn", Reason: "must not be nil"}
+	}
+	if wrongPool {
+		return &leasecore.ArgError{Op: op, Field: "fence", Reason: "was made on the other kind of pool: use " + other}
+	}
+	return nil
+}
