@@ -74,6 +74,19 @@ import (
 // the floor equal to t, and nothing it sends is applied. A caller's
 // operations may not write the fence's own keys (Commit refuses them).
 //
+// # Deciding at commit
+//
+// This is the promise fencepg's transactions keep too: a fenced
+// transaction commits only if, when it commits, no larger token has been
+// accepted or advanced for its scope, and a newer holder never waits on
+// the fence for an older one. Here it holds by construction: the caller
+// builds its operations on its own side and the Txn that Commit sends (or
+// the caller's own Txn with Guard) is decided when etcd applies it. A
+// holder frozen while it builds them, or slow, holds nothing on the
+// server; a newer holder's Advance goes through at once, and the frozen
+// holder's Txn is rejected when it is finally sent (the conformance case
+// F18 freezes one with SIGSTOP and measures the Advance).
+//
 // # Round trips
 //
 // Counted as gRPC calls; TestRoundTrips checks them:
