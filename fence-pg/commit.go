@@ -62,6 +62,14 @@ import (
 // it, after that long. The frozen holder, when it wakes after that, gets
 // an error wrapping leasecore.ErrUnavailable that names the timeout.
 //
+// ctx bounds every statement RunTx sends. Given a session's context
+// (leasecore.Session.Context), a hold that ends while the transaction runs
+// cancels it: RunTx returns an error wrapping the context's error and its
+// cause (leasecore.ErrLocalDeadline, leasecore.ErrLost), and nothing is
+// committed — the fence is not asked, and no rejection is logged. With a
+// context of its own, the transaction goes on and the fence decides at
+// commit. Either is safe.
+//
 // A Fence made by NewFenceDB returns an error wrapping
 // leasecore.ErrInvalidArgument: use RunSQLTx.
 func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (leasecore.Result, error) {
@@ -284,7 +292,7 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 		}
 		return f.outcome(ctx, op, c, int64(floor))
 	}
-	// The last statement of RunSQLTx's own before fn: how long the
+	// RunSQLTx's own first statements have returned: how long the
 	// transaction can have sat idle is at most the time since.
 	since := time.Now()
 	if err, lost := runFn(tx, fn); err != nil {
@@ -308,30 +316,37 @@ func runFn(tx *sql.Tx, fn func(*sql.Tx) error) (err error, lost bool) {
 	return err, false
 }
 
-// lostSQLTx explains a broken connection of RunSQLTx's transaction: lib/pq
-// turns the server's FATAL error for a session it ended
-// (idle_in_transaction_session_timeout, SQLSTATE 25P03) into
-// driver.ErrBadConn, and the reason is lost; pgx's stdlib driver keeps
-// it. When the connection broke (lost, or a connection error without a
-// SQLSTATE) longer after RunSQLTx's last own statement than the
-// transaction's idle timeout, the transaction can have sat idle that long,
-// and the server most likely ended it: the error says so. Every such
-// failure comes before the COMMIT was sent (commitSQL maps a failed COMMIT
-// itself), so nothing of the transaction was committed. mapped is
-// MapError's error for err.
+// lostSQLTx explains a connection that broke inside a database/sql fenced
+// transaction before its COMMIT was sent (in fn, or at the comparison):
+// nothing of the transaction was committed, and the error says so.
+// lib/pq turns the server's FATAL error for a session it ended into
+// driver.ErrBadConn and the reason is lost (pgx's stdlib driver keeps it,
+// SQLSTATE 25P03, which MapError names); the most common reason inside a
+// transaction is idle_in_transaction_session_timeout. RunSQLTx knows the
+// timeout it set (since is when its own first statements returned; fn's
+// are not timed): when the transaction had been open longer than that,
+// the error says that the server most likely ended it. For CommitTx,
+// since is zero: the caller's transaction is not the Fence's to time.
+// mapped is MapError's error for err; lost reports that a rollback found
+// the connection broken, which fn's error (formatted, not wrapped) may
+// hide.
 func (f *Fence) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
-	open := time.Since(since)
 	var coded interface{ SQLState() string }
-	d := f.cfg.idleInTxTimeout
-	if d <= 0 || open <= d || errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
+	if errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
 		return mapped
 	}
-	if lost && !errors.Is(mapped, leasecore.ErrUnavailable) {
+	if !errors.Is(mapped, leasecore.ErrUnavailable) {
 		mapped = fmt.Errorf("%w: %w", leasecore.ErrUnavailable, mapped)
 	}
-	return fmt.Errorf("%w (the connection broke %v after the transaction's last statement before fn, longer than its "+
-		"idle_in_transaction_session_timeout %v: the server most likely ended its session, SQLSTATE 25P03, which this "+
-		"driver does not report; nothing of the transaction was committed)", mapped, open.Round(time.Millisecond), d)
+	const nothing = "nothing of the transaction was committed"
+	if d := f.cfg.idleInTxTimeout; !since.IsZero() && d > 0 {
+		if open := time.Since(since); open > d {
+			return fmt.Errorf("%w (the connection broke before the COMMIT was sent, %v after the transaction began, longer than its "+
+				"idle_in_transaction_session_timeout %v: the server most likely ended the session of a transaction that sat idle "+
+				"that long, SQLSTATE 25P03, which this driver does not report; %s)", mapped, open.Round(time.Millisecond), d, nothing)
+		}
+	}
+	return fmt.Errorf("%w (the connection broke before the COMMIT was sent: %s)", mapped, nothing)
 }
 
 // beginSQLTx begins a Read Committed transaction on the database/sql
@@ -386,17 +401,14 @@ func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecor
 	}
 	if err != nil {
 		lost := errors.Is(tx.Rollback(), driver.ErrBadConn)
-		mapped := pgstore.MapError(ctx, pkg, op, err)
-		if since.IsZero() {
-			return leasecore.Result{}, mapped
-		}
-		return leasecore.Result{}, f.lostSQLTx(mapped, err, since, lost)
+		return leasecore.Result{}, f.lostSQLTx(pgstore.MapError(ctx, pkg, op, err), err, since, lost)
 	}
 	if leasecore.Token(floor) != c.Token {
 		_ = tx.Rollback()
 		return f.outcome(ctx, op, c, floor)
 	}
 	if err := tx.Commit(); err != nil {
+		// Sent: whether it committed is unknown when the connection broke.
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
 	}
 	return f.accepted(op, c), nil
@@ -423,9 +435,10 @@ func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecor
 // Until Commit the fence holds no lock for tx, so a newer holder never
 // waits on the fence for it; tx's own statements hold their row locks
 // until it ends, as always. Run tx at Read Committed (see Fence about
-// stricter levels) and set idle_in_transaction_session_timeout for it
-// (per transaction, role or database) if the holder could freeze inside
-// it. tx must be a transaction begun on a pool or connection (pgx.Tx from
+// stricter levels) and bound how long a frozen holder can keep them: set
+// idle_in_transaction_session_timeout for the transaction right after
+// BEGIN (tx.Exec(ctx, "SET LOCAL idle_in_transaction_session_timeout =
+// '5s'")), or for the role or database. tx must be a transaction begun on a pool or connection (pgx.Tx from
 // Begin or BeginTx), not a pseudo-nested one from Tx.Begin: Commit commits
 // the real transaction. Its round trip carries one more statement after
 // the COMMIT, a BEGIN, whose empty transaction tx.Commit then ends: that
@@ -461,7 +474,11 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 // COMMIT are two round trips (database/sql cannot pipeline them), so the
 // comparison's share lock of the floor row is held for the one round trip
 // between them. Accepted: tx is committed. Rejected or an error: tx is
-// rolled back (or, an error on the COMMIT itself, its outcome is unknown).
+// rolled back — except for an error of the COMMIT itself (its message
+// says "commit"), whose outcome is unknown when the connection broke. A
+// connection that broke before the COMMIT was sent says that nothing was
+// committed; lib/pq does not report why a server ended a session, most
+// often idle_in_transaction_session_timeout inside a transaction.
 func (f *Fence) CommitTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
 	if err := leasecore.CheckClaim(ctx, op, c); err != nil {

@@ -549,3 +549,36 @@ func TestResourceFastPath(t *testing.T) {
 		wantFenceLog(t, f.fence, "s", "w/1/false/2")
 	})
 }
+
+// TestRunTxContextCause: a transaction run under a context that ends with
+// a cause (a session's context ends with ErrLocalDeadline or ErrLost)
+// returns an error that wraps both the context's error and the cause, and
+// commits nothing.
+func TestRunTxContextCause(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFenceFixture(t, driver)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		c := leasecore.Claim{Scope: "cause", Writer: "holder-a", Token: 1}
+		var err error
+		if f.resPool.Pgx != nil {
+			_, err = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+				cancel(leasecore.ErrLocalDeadline)
+				_, err := tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
+				return err
+			})
+		} else {
+			_, err = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+				cancel(leasecore.ErrLocalDeadline)
+				_, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
+				return err
+			})
+		}
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, leasecore.ErrLocalDeadline) {
+			t.Fatalf("RunTx under a context cancelled with a cause: %v, want it to wrap context.Canceled and ErrLocalDeadline", err)
+		}
+		t.Logf("%v", err)
+		if got := f.job(t, "cause"); got != "- lines=-" {
+			t.Fatalf("rows = %q, want none", got)
+		}
+	})
+}

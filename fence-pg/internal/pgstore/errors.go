@@ -81,15 +81,27 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 	}
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: %w", prefix, err)
+		return withCause(ctx, fmt.Errorf("%s: %w", prefix, err))
 	case ctx.Err() != nil:
 		// The driver noticed ctx in its own way (lib/pq can report a broken
 		// connection); what the caller needs to match is the context.
-		return fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err)
+		return withCause(ctx, fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err))
 	case IsConnectionError(err):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
+}
+
+// withCause adds the cause of ctx's end to err, when ctx ended with one
+// of its own (context.WithCancelCause: a session's context ends with
+// leasecore.ErrLocalDeadline or leasecore.ErrLost), so that the caller
+// reads, and can match, why the context ended, not only that it did.
+func withCause(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if cause == nil || cause == ctx.Err() || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w (the context ended: %w)", err, cause)
 }
 
 // The server's messages MapError tells apart within one SQLSTATE
