@@ -6,9 +6,13 @@
 # Modules run LEASEFENCE_TEST_JOBS at a time (default 2), the slowest first.
 # Most of a module's time is spent waiting — for TTLs to run out, for
 # fsyncs, for frozen processes — not computing, so two side by side take
-# little longer than the slower alone. Each module's output is held in a
-# file and printed whole when it ends, so the logs of two modules do not
-# interleave. LEASEFENCE_TEST_JOBS=1 runs them one after another.
+# little longer than the slower alone. With more than one at a time, each
+# module tests its packages one after another (go test -p 1), so that no
+# more test binaries run at once than before (go test runs a module's
+# packages GOMAXPROCS at a time): the timing cases see the load they were
+# written for. Each module's output is held in a file and printed whole
+# when it ends, so the logs of two modules do not interleave.
+# LEASEFENCE_TEST_JOBS=1 runs them one after another, packages in parallel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +48,8 @@ for m in "${modules[@]}"; do
 done
 
 jobs=${LEASEFENCE_TEST_JOBS:-2}
+pkgs=()
+[ "$jobs" -gt 1 ] && pkgs=(-p 1)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 start=$SECONDS
@@ -52,7 +58,7 @@ start=$SECONDS
 # line is its exit status.
 run_module() {
   local m=$1 log=$2 t0=$SECONDS rc=0
-  (cd "$m" && GOWORK=off go vet ./... && GOWORK=off go test -race -count=1 -timeout 20m ./...) >"$log" 2>&1 || rc=$?
+  (cd "$m" && GOWORK=off go vet ./... && GOWORK=off go test -race -count=1 -timeout 20m "${pkgs[@]}" ./...) >"$log" 2>&1 || rc=$?
   printf '== %s: %s in %ds\n' "$m" "$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc)")" $((SECONDS - t0)) >>"$log"
   return "$rc"
 }

@@ -21,10 +21,11 @@ func TestTraits(t *testing.T) {
 		absent []conformance.Ability
 	}{
 		{Config{Endpoints: []string{"x"}, HolderArgs: []string{"-test.run=^$"}, Crash: crash},
-			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe, conformance.AbilityReplicas}},
+			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe, conformance.AbilityReplicas,
+				conformance.AbilityCheckFirst}},
 		{Config{Endpoints: []string{"x"}},
 			[]conformance.Ability{conformance.AbilityLongTransaction, conformance.AbilityCommitGap, conformance.AbilityLockWaitProbe,
-				conformance.AbilityHolderProcesses, conformance.AbilityCrashRestart, conformance.AbilityReplicas}},
+				conformance.AbilityHolderProcesses, conformance.AbilityCrashRestart, conformance.AbilityReplicas, conformance.AbilityCheckFirst}},
 	} {
 		h, err := New(c.cfg)(context.Background())
 		if err != nil {
