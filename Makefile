@@ -23,7 +23,7 @@ bench: deps
 capacity: deps
 	@cd examples/lease-fencing && go run ./cmd/capacity -out ../../evidence/capacity $(CAPACITY_FLAGS)
 
-# The torture run (docs/torture.md): 200 seeded fault histories per backend, each checked (I2, I3,
+# The torture run (docs/torture.md): 200 seeded fault histories per backend, each checked (I2, I3, fence waits,
 # final state, lost writes, porcupine), and the negative controls, which must be caught; the figures
 # go to evidence/torture/latest.txt. SEED=<n> replays a run's schedules. `make test` runs a short one.
 .PHONY: torture

@@ -17,6 +17,10 @@ const (
 	chkLost    = "acknowledged write lost" // a read after an acknowledgement does not show it
 	chkAtomic  = "tables disagree"         // one write's two tables seen apart
 	chkLin     = "linearizability"         // porcupine: no order of the operations explains the history
+	// chkFenceWait: an advance or write of a newer token took longer than
+	// the bound while an older holder's was open, and nothing but the
+	// fence explains it.
+	chkFenceWait = "waited on the fence"
 )
 
 // violation is one broken rule, with the operations that show it.
@@ -34,6 +38,13 @@ type checkOptions struct {
 	noFloor bool
 	// linTimeout bounds porcupine; running out counts as a violation.
 	linTimeout time.Duration
+	// fenceWait bounds how long an advance or write of a newer token may
+	// take while an older holder's is open (checkFenceWaits); 0: not
+	// checked.
+	fenceWait time.Duration
+	// rowLocks: a write locks the user tables' rows it wrote until its
+	// transaction ends (PostgreSQL), which a newer write may wait for.
+	rowLocks bool
 }
 
 // checkResult is what the checkers found in one history.
@@ -41,19 +52,26 @@ type checkResult struct {
 	violations []violation
 	lin        porcupine.CheckResult
 	linInfo    porcupine.LinearizationInfo
+	waits      waitStats
 	took       time.Duration
 }
 
 // checkHistory runs every checker over one history's operations and the
 // final snapshot (also the last read among ops). i2 carries the lane's
 // acquires of earlier histories: tokens must be unique over the run.
-func checkHistory(ops []*Op, final Snapshot, i2 *i2Run, history int, opt checkOptions) checkResult {
+func checkHistory(ops []*Op, faults []faultRecord, final Snapshot, i2 *i2Run, history int, opt checkOptions) checkResult {
 	t0 := time.Now()
 	var vs []violation
 	vs = append(vs, i2.check(history, ops)...)
 	vs = append(vs, checkI3(ops)...)
 	vs = append(vs, checkFinal(ops, final, opt.noFloor)...)
 	vs = append(vs, checkReads(ops, opt.noFloor)...)
+	var waits waitStats
+	if opt.fenceWait > 0 {
+		var wv []violation
+		wv, waits = checkFenceWaits(ops, faults, opt.fenceWait, opt.rowLocks)
+		vs = append(vs, wv...)
+	}
 	lin, info := porcupine.CheckOperationsVerbose(registerModelFor(opt.noFloor), porcupineHistory(ops), opt.linTimeout)
 	switch lin {
 	case porcupine.Illegal:
@@ -61,7 +79,7 @@ func checkHistory(ops []*Op, final Snapshot, i2 *i2Run, history int, opt checkOp
 	case porcupine.Unknown:
 		vs = append(vs, violation{chkLin, fmt.Sprintf("porcupine found no answer within %v: an unknown verdict counts as a failure", opt.linTimeout)})
 	}
-	return checkResult{violations: vs, lin: lin, linInfo: info, took: time.Since(t0)}
+	return checkResult{violations: vs, lin: lin, linInfo: info, waits: waits, took: time.Since(t0)}
 }
 
 // i2Run is one lease's successful acquires over the whole run (a lane's

@@ -211,7 +211,10 @@ func (f *etcdFenced) Advance(ctx context.Context, c leasecore.Claim) (leasecore.
 	return f.fence.Advance(ctx, c)
 }
 
-func (f *etcdFenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error) {
+// Write's transaction is its one Txn: it is "inside" from the moment the
+// Txn goes out until the answer, and no work can go inside it.
+func (f *etcdFenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (leasecore.Result, error) {
+	probe.inside()
 	res, _, err := f.fence.Commit(ctx, c, fenceetcd.Txn{Then: puts(f.prefix, c, parts, content)})
 	return res, err
 }
@@ -228,7 +231,8 @@ func (u *etcdUnfenced) Advance(context.Context, leasecore.Claim) (leasecore.Resu
 	return leasecore.Result{}, errors.ErrUnsupported
 }
 
-func (u *etcdUnfenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error) {
+func (u *etcdUnfenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (leasecore.Result, error) {
+	probe.inside()
 	if _, err := u.kv.Txn(ctx).Then(puts(u.prefix, c, parts, content)...).Commit(); err != nil {
 		return leasecore.Result{}, err
 	}

@@ -106,6 +106,26 @@ type Op struct {
 	Floor   uint64    `json:"floor,omitempty"` // the fence's result floor
 	Read    *Snapshot `json:"read,omitempty"`
 	Err     string    `json:"err,omitempty"`
+
+	// A write's time inside its transaction, as its holder reported it:
+	// TxBegin when it was inside (PostgreSQL: the first table's statement
+	// done, the in-transaction work next; etcd: its Txn about to be sent),
+	// TxEnd when its own statements were done and the commit came next
+	// (PostgreSQL only; 0: inside until it returned). 0: never inside.
+	TxBegin int64 `json:"tx_begin,omitempty"`
+	TxEnd   int64 `json:"tx_end,omitempty"`
+}
+
+// inTxAt reports whether the write was inside its transaction at t.
+func (o *Op) inTxAt(t int64) bool {
+	if o.TxBegin == 0 || t < o.TxBegin {
+		return false
+	}
+	end := o.TxEnd
+	if end == 0 {
+		end = o.Return
+	}
+	return end == 0 || t <= end
 }
 
 // known reports whether the operation's outcome is known: answered, and
@@ -139,8 +159,10 @@ func (o *Op) String() string {
 }
 
 // event is one line a holder process writes about an operation: its
-// invocation ("i", with the inputs) or its completion ("c", with the
-// outcome). Seq pairs them within one holder process.
+// invocation ("i", with the inputs), a write's moments inside its
+// transaction ("t": inside, "d": its own statements done, the commit
+// next), or its completion ("c", with the outcome). Seq pairs them within
+// one holder process.
 type event struct {
 	Phase   string  `json:"p"`
 	History int     `json:"h"`
@@ -159,11 +181,19 @@ type event struct {
 // visualization.
 type faultRecord struct {
 	Kind   faultKind `json:"kind"`
-	Target string    `json:"target,omitempty"` // the holder, "" for the server
+	Target string    `json:"target,omitempty"` // the holder, "" for the server (a partition: the member)
 	Start  int64     `json:"start"`
 	End    int64     `json:"end"`
 	Note   string    `json:"note,omitempty"`
+	InTx   bool      `json:"in_tx,omitempty"` // a pause aimed inside a fenced transaction (plannedFault.InTx)
+	// OnReport: an InTx pause that struck on its holder's report of being
+	// inside (not the fallback after 2 TTL without one).
+	OnReport bool `json:"on_report,omitempty"`
 }
+
+// serverFault reports whether the fault is the server's (a crash, on a
+// cluster a leader kill, or a partition) rather than one holder's.
+func (f faultRecord) serverFault() bool { return f.Kind == faultCrash || f.Kind == faultPartition }
 
 // recorder collects one history's operations from the holders' event
 // lines and the parent's reads.
@@ -176,16 +206,31 @@ type recorder struct {
 	// leaderClient is the client whose acquire succeeded last: the
 	// nemesis's favourite target.
 	leaderClient int
-	// ackCh is closed, and replaced, whenever a fence operation is
-	// acknowledged as accepted; ackClient is who made it. The nemesis
-	// waits on it to strike right after an acknowledged write.
-	ackCh     chan struct{}
-	ackClient int
+	// ack is signalled whenever a fence operation is acknowledged as
+	// accepted, by who made it: the nemesis waits on it to strike right
+	// after an acknowledged write. inTx is signalled whenever a write
+	// reports being inside its transaction: the nemesis waits on it to
+	// strike there.
+	ack, inTx broadcast
 	stray     int // events of another history (should not happen)
 }
 
+// broadcast tells every waiter "it happened, client did it": ch is
+// closed, and replaced, each time. Guarded by the recorder's mutex.
+type broadcast struct {
+	ch     chan struct{}
+	client int
+}
+
+func (s *broadcast) fire(client int) {
+	s.client = client
+	close(s.ch)
+	s.ch = make(chan struct{})
+}
+
 func newRecorder(history int) *recorder {
-	return &recorder{history: history, pending: map[[2]int]*Op{}, leaderClient: -1, ackCh: make(chan struct{})}
+	return &recorder{history: history, pending: map[[2]int]*Op{}, leaderClient: -1,
+		ack: broadcast{ch: make(chan struct{})}, inTx: broadcast{ch: make(chan struct{})}}
 }
 
 // add records a holder's event.
@@ -203,6 +248,18 @@ func (r *recorder) add(client int, holder string, ev event) {
 			Token: ev.Token, Mask: ev.Mask, Content: ev.Content, Outcome: OutUnknown}
 		r.ops = append(r.ops, op)
 		r.pending[key] = op
+	case "t", "d":
+		op := r.pending[key]
+		if op == nil {
+			r.stray++
+			return
+		}
+		if ev.Phase == "d" {
+			op.TxEnd = ev.T
+			return
+		}
+		op.TxBegin = ev.T
+		r.inTx.fire(client)
 	case "c":
 		op := r.pending[key]
 		if op == nil {
@@ -218,9 +275,7 @@ func (r *recorder) add(client int, holder string, ev event) {
 			r.leaderClient = client
 		}
 		if op.fenceOp() && op.Outcome == OutAccepted {
-			r.ackClient = client
-			close(r.ackCh)
-			r.ackCh = make(chan struct{})
+			r.ack.fire(client)
 		}
 	}
 }
@@ -242,8 +297,18 @@ func (r *recorder) addFault(f faultRecord) {
 // nextAck waits up to timeout for the next acknowledged fence operation
 // and returns its client.
 func (r *recorder) nextAck(ctx context.Context, timeout time.Duration) (client int, ok bool) {
+	return r.wait(ctx, &r.ack, timeout)
+}
+
+// nextInTx waits up to timeout for the next write to report being inside
+// its transaction and returns its client.
+func (r *recorder) nextInTx(ctx context.Context, timeout time.Duration) (client int, ok bool) {
+	return r.wait(ctx, &r.inTx, timeout)
+}
+
+func (r *recorder) wait(ctx context.Context, s *broadcast, timeout time.Duration) (client int, ok bool) {
 	r.mu.Lock()
-	ch := r.ackCh
+	ch := s.ch
 	r.mu.Unlock()
 	t := time.NewTimer(timeout)
 	defer t.Stop()
@@ -251,7 +316,7 @@ func (r *recorder) nextAck(ctx context.Context, timeout time.Duration) (client i
 	case <-ch:
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return r.ackClient, true
+		return s.client, true
 	case <-t.C:
 	case <-ctx.Done():
 	}

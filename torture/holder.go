@@ -43,7 +43,19 @@ const (
 	// with synchronous_commit=off (negative control: token reuse and lost
 	// acknowledged writes after immediate stops).
 	flavorNaive flavor = "naive"
+	// flavorCheckFirst: fencepg's fenced transaction as it was before it
+	// decided at commit, in this package's own SQL — the check first, its
+	// lock on the floor row held until COMMIT (negative control: a holder
+	// frozen inside it makes a newer holder's Advance wait, "waited on the
+	// fence").
+	flavorCheckFirst flavor = "check-first"
 )
+
+// ownFence reports whether the flavor's floor is this package's own
+// (torture.fence_floor) rather than the library's.
+func (fl flavor) ownFence() bool {
+	return fl == flavorStrict || fl == flavorNaive || fl == flavorCheckFirst
+}
 
 // holderSpec is what a holder process needs; the parent passes it in
 // holderEnv.
@@ -68,6 +80,11 @@ type runMsg struct {
 	QuotaMax int           `json:"quota_max"`
 	WorkMin  time.Duration `json:"work_min"` // the "work" before each write, where a pause usually lands
 	WorkMax  time.Duration `json:"work_max"`
+	// TxWork is the "work" inside a write's transaction, between its two
+	// tables' statements (PostgreSQL), where the in-transaction pauses
+	// strike: it must outlast the nemesis's reaction to the holder's "t"
+	// event.
+	TxWork time.Duration `json:"tx_work"`
 }
 
 // dataWriter writes the user data of one scope under a claim: every part
@@ -76,7 +93,10 @@ type dataWriter interface {
 	// Fenced reports whether the design has a floor to Advance.
 	Fenced() bool
 	Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error)
-	Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error)
+	// Write reports through tx when it is inside its transaction (and
+	// does the in-transaction work there, if it has statements to put it
+	// between) and when its own statements are done.
+	Write(ctx context.Context, c leasecore.Claim, parts []int, content string, tx *txProbe) (leasecore.Result, error)
 }
 
 // holderBackend is what a holder opened.
@@ -174,7 +194,7 @@ func startRun(parent context.Context, spec holderSpec, be *holderBackend, out *e
 	lead := func(lctx context.Context, token leasecore.Token) error {
 		claim := leasecore.Claim{Scope: msg.Scope, Writer: msg.Holder, Token: token}
 		if be.data.Fenced() {
-			res, err := log.fence(KindAdvance, claim, 0, "", func() (leasecore.Result, error) {
+			res, err := log.fence(KindAdvance, claim, 0, "", func(*txProbe) (leasecore.Result, error) {
 				return be.data.Advance(lctx, claim)
 			})
 			if err != nil {
@@ -203,8 +223,9 @@ func startRun(parent context.Context, spec holderSpec, be *holderBackend, out *e
 			// the write it already decided on goes out, and only the fence
 			// may stop it.
 			wctx, wcancel := context.WithTimeout(context.WithoutCancel(lctx), opTimeout)
-			res, err := log.fence(KindWrite, claim, mask, content, func() (leasecore.Result, error) {
-				return be.data.Write(wctx, claim, maskParts(mask), content)
+			res, err := log.fence(KindWrite, claim, mask, content, func(tx *txProbe) (leasecore.Result, error) {
+				tx.workTime = msg.TxWork
+				return be.data.Write(wctx, claim, maskParts(mask), content, tx)
 			})
 			wcancel()
 			switch {
@@ -289,9 +310,9 @@ func (l *opLog) complete(seq int, ev event) {
 // rejection is definite even when the backend also returned an error (the
 // rejection's own log entry failed); any other error leaves the outcome
 // unknown: the request may have been applied.
-func (l *opLog) fence(kind Kind, c leasecore.Claim, mask uint8, content string, do func() (leasecore.Result, error)) (leasecore.Result, error) {
+func (l *opLog) fence(kind Kind, c leasecore.Claim, mask uint8, content string, do func(*txProbe) (leasecore.Result, error)) (leasecore.Result, error) {
 	seq := l.invoke(event{Kind: kind, Token: uint64(c.Token), Mask: mask, Content: content})
-	res, err := do()
+	res, err := do(&txProbe{log: l, seq: seq})
 	ev := event{}
 	switch {
 	case !res.Accepted && res.Floor > 0:
@@ -308,6 +329,33 @@ func (l *opLog) fence(kind Kind, c leasecore.Claim, mask uint8, content string, 
 	}
 	l.complete(seq, ev)
 	return res, err
+}
+
+// txProbe is how a write tells the parent where it is in its
+// transaction: the nemesis strikes the in-transaction pauses on inside's
+// event, and the figures tell from both events where each pause struck.
+type txProbe struct {
+	log      *opLog
+	seq      int
+	workTime time.Duration // runMsg.TxWork
+}
+
+// inside reports that the write is inside its transaction; then, when the
+// design has statements to put it between, the caller does work().
+func (p *txProbe) inside() { p.log.mark(p.seq, "t") }
+
+// work is the in-transaction work: a sleep that holds the transaction
+// open, long enough for the nemesis to strike in it.
+func (p *txProbe) work() { time.Sleep(p.workTime) }
+
+// done reports that the write's own statements are done: the commit
+// follows.
+func (p *txProbe) done() { p.log.mark(p.seq, "d") }
+
+// mark prints a moment of invocation seq; the time is taken first.
+func (l *opLog) mark(seq int, phase string) {
+	b, _ := json.Marshal(event{Phase: phase, History: l.history, Seq: seq, T: monoNow()})
+	l.out.line("E " + string(b))
 }
 
 // loggedLease logs every Acquire, Renew and Release of a lease; Campaign

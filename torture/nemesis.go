@@ -2,7 +2,10 @@ package torture
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -52,11 +55,20 @@ type plannedFault struct {
 	// Slot (modulo the members).
 	Leader bool
 	Slot   int
+	// InTx (a pause): at At, wait for the next holder to report being
+	// inside a fenced transaction (PostgreSQL: between its two tables'
+	// statements, the first table's rows written; etcd: its Txn sent) and
+	// strike it there, at once. It takes precedence over AfterAck and
+	// Leader; if no holder reports within 2 TTL, the pause strikes the
+	// holder Leader or Slot names.
+	InTx bool
 }
 
 func (f plannedFault) String() string {
 	target := fmt.Sprintf("holder %d", f.Slot)
 	switch {
+	case f.InTx && f.Kind == faultPause:
+		target = "the next holder inside a fenced transaction"
 	case f.AfterAck:
 		target = "the next acknowledged writer"
 	case f.Leader:
@@ -104,6 +116,10 @@ type nemesisConfig struct {
 	// afterAck is the probability that a fault waits for the next
 	// acknowledged write (see plannedFault.AfterAck).
 	afterAck float64
+	// inTx is the share of the pauses that strike inside a fenced
+	// transaction (see plannedFault.InTx): the probability of each extra
+	// pause, and one round of the rotation in 1/inTx for its own.
+	inTx float64
 	// pauseUntilTakeover keeps a paused holder frozen after its planned
 	// duration until another holder's write was acknowledged.
 	pauseUntilTakeover bool
@@ -123,7 +139,7 @@ type nemesisConfig struct {
 
 func defaultNemesis() nemesisConfig {
 	return nemesisConfig{kinds: allFaultKinds, extra: 0.3, pauseMin: 0.5, pauseMax: 3, delayMin: 1, delayMax: 3,
-		partitionMin: 1, partitionMax: 3, leaderBias: 0.75, afterAck: 0.5, earliest: 0.15, latest: 0.6}
+		partitionMin: 1, partitionMax: 3, leaderBias: 0.75, afterAck: 0.5, inTx: 0.25, earliest: 0.15, latest: 0.6}
 }
 
 // clusterNemesis is the nemesis of an etcd cluster: every kind of the
@@ -163,5 +179,97 @@ func planHistory(seed uint64, idx int, nc nemesisConfig, ttl, window time.Durati
 			faults = append(faults, plan(nc.kinds[rng.IntN(len(nc.kinds))]))
 		}
 	}
+	// Which pauses strike inside a transaction comes from a generator of
+	// its own, one draw per pause: every other field of a schedule is what
+	// the same seed drew before in-transaction pauses existed. The
+	// rotation's own pause sets its draw aside: one round of the rotation
+	// in 1/inTx has it (the first round included, so a short run has one).
+	txRng := rand.New(rand.NewPCG(seed^inTxStream, uint64(idx)+1))
+	for i := range faults {
+		if faults[i].Kind != faultPause {
+			continue
+		}
+		faults[i].InTx = txRng.Float64() < nc.inTx
+		if i == 0 {
+			faults[i].InTx = nc.inTx > 0 && (idx/len(nc.kinds))%int(math.Round(1/nc.inTx)) == 0
+		}
+	}
 	return faults
+}
+
+// inTxStream sets the in-transaction draws apart from the schedule's.
+const inTxStream = 0x696e2d7478 // "in-tx"
+
+// inTxPauses counts where the pauses struck: aimed inside a fenced
+// transaction (plannedFault.InTx), those of them that struck on a
+// holder's report while it was inside one, and the others that struck
+// inside one by chance (an aimed one included, when no holder reported
+// within 2 TTL and it struck the leader).
+type inTxPauses struct {
+	aimed, struck, byChance int
+	// late struck on a report, but after the transaction's own statements
+	// were done; unreported fell back, no holder having reported within
+	// 2 TTL.
+	late, unreported int
+	// reaction is how long after the holder reported being inside its
+	// transaction the aimed pauses that struck there did: the nemesis's
+	// reaction, which the in-transaction work must outlast.
+	reaction []time.Duration
+	// outcomes are the outcomes of the writes they froze.
+	outcomes map[Outcome]int
+}
+
+// add counts the pauses of one history by where they struck.
+func (p *inTxPauses) add(ops []*Op, frs []faultRecord) {
+	for _, f := range frs {
+		if f.Kind != faultPause {
+			continue
+		}
+		var in *Op
+		for _, op := range ops {
+			if op.Kind == KindWrite && op.Holder == f.Target && op.inTxAt(f.Start) {
+				in = op
+				break
+			}
+		}
+		if f.InTx {
+			p.aimed++
+			switch {
+			case !f.OnReport:
+				p.unreported++
+			case in == nil:
+				p.late++
+			}
+		}
+		switch {
+		case in != nil && f.OnReport:
+			p.struck++
+			p.reaction = append(p.reaction, time.Duration(f.Start-in.TxBegin))
+			if p.outcomes == nil {
+				p.outcomes = map[Outcome]int{}
+			}
+			p.outcomes[in.Outcome]++
+		case in != nil:
+			p.byChance++
+		}
+	}
+}
+
+// figure is the report's line on the pauses inside a fenced transaction.
+func (p inTxPauses) figure() string {
+	rs := slices.Clone(p.reaction)
+	var outs []string
+	for _, o := range []Outcome{OutAccepted, OutRejected, OutUnknown} {
+		if n := p.outcomes[o]; n > 0 {
+			outs = append(outs, fmt.Sprintf("%s %d", o, n))
+		}
+	}
+	frozen := ""
+	if len(outs) > 0 {
+		frozen = "; the writes frozen: " + strings.Join(outs, ", ")
+	}
+	return fmt.Sprintf("   pauses inside a fenced transaction: aimed %d, struck inside %d (SIGSTOP after the holder's report: p50 %v, max %v%s), "+
+		"too late %d, no holder inside within 2 TTL %d; inside by chance %d",
+		p.aimed, p.struck, percentile(rs, 0.5).Round(10*time.Microsecond), percentile(rs, 1).Round(10*time.Microsecond), frozen,
+		p.late, p.unreported, p.byChance)
 }

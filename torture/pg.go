@@ -171,7 +171,7 @@ func (s *pgServer) crash(ctx context.Context) (time.Duration, string, error) {
 // snapshot.
 func (s *pgServer) read(ctx context.Context, scope string, fl flavor) (Snapshot, error) {
 	floorTable := "leasefence.fence_floor"
-	if fl == flavorStrict || fl == flavorNaive {
+	if fl.ownFence() {
 		floorTable = "torture.fence_floor"
 	}
 	rows, err := s.reads.Query(ctx, `SELECT 'floor', '', max_token, '' FROM `+floorTable+` WHERE scope = $1
@@ -236,9 +236,11 @@ func openPGHolder(ctx context.Context, spec holderSpec) (*holderBackend, error) 
 	}
 	switch spec.Flavor {
 	case flavorFenced:
-		// The idle timeout frees the floor's lock from a holder frozen inside
-		// its transaction after two TTLs (the default is 5 s, longer than any
-		// history here).
+		// The idle timeout ends the transaction of a holder frozen inside
+		// it after two TTLs, and with it the row locks it holds on the user
+		// tables, which a newer holder's write of the same parts waits for
+		// (the default is 5 s, longer than any history here). The fence
+		// itself holds no lock while the caller's function runs.
 		fence, err := fencepg.NewFence(resPool, fencepg.WithTimeouts(0, 2*spec.TTL))
 		if err != nil {
 			be.close()
@@ -251,6 +253,8 @@ func openPGHolder(ctx context.Context, spec holderSpec) (*holderBackend, error) 
 		be.data = &sqlFence{pool: resPool, strict: true}
 	case flavorNaive:
 		be.data = &sqlFence{pool: resPool}
+	case flavorCheckFirst:
+		be.data = &checkFirstFence{sqlFence: sqlFence{pool: resPool}, idle: checkFirstIdle * spec.TTL}
 	default:
 		be.close()
 		return nil, fmt.Errorf("pg: unknown flavor %q", spec.Flavor)
@@ -266,17 +270,25 @@ ON CONFLICT (scope, part) DO UPDATE
   SET token = EXCLUDED.token, content = EXCLUDED.content, writer = EXCLUDED.writer`
 }
 
-// writeRows writes the parts into both user tables in tx.
-func writeRows(ctx context.Context, tx pgx.Tx, c leasecore.Claim, parts []int, content string) error {
+// writeRows writes the parts into both user tables in tx. Between the two
+// statements, inside the transaction and with the first table's rows
+// locked, it reports that it is inside and does the in-transaction work:
+// where the nemesis's in-transaction pauses strike.
+func writeRows(ctx context.Context, tx pgx.Tx, c leasecore.Claim, parts []int, content string, probe *txProbe) error {
 	names := make([]string, len(parts))
 	for i, p := range parts {
 		names[i] = partName(p)
 	}
-	for _, table := range tableNames {
+	for i, table := range tableNames {
+		if i > 0 {
+			probe.inside()
+			probe.work()
+		}
 		if _, err := tx.Exec(ctx, upsertRows(table), c.Scope, names, int64(c.Token), content, c.Writer); err != nil {
 			return err
 		}
 	}
+	probe.done()
 	return nil
 }
 
@@ -290,8 +302,8 @@ func (f *pgFenced) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Re
 	return f.fence.Advance(ctx, c)
 }
 
-func (f *pgFenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error) {
-	return f.fence.RunTx(ctx, c, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content) })
+func (f *pgFenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (leasecore.Result, error) {
+	return f.fence.RunTx(ctx, c, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content, probe) })
 }
 
 // pgUnfenced is the negative control: the same transaction without the
@@ -304,8 +316,8 @@ func (u *pgUnfenced) Advance(context.Context, leasecore.Claim) (leasecore.Result
 	return leasecore.Result{}, errors.ErrUnsupported
 }
 
-func (u *pgUnfenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error) {
-	err := pgx.BeginFunc(ctx, u.pool, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content) })
+func (u *pgUnfenced) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (leasecore.Result, error) {
+	err := pgx.BeginFunc(ctx, u.pool, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content, probe) })
 	if err != nil {
 		return leasecore.Result{}, err
 	}
@@ -325,10 +337,16 @@ type sqlFence struct {
 
 func (f *sqlFence) Fenced() bool { return true }
 
+// queryRower runs check's statements: a transaction, or the pool
+// (autocommit).
+type queryRower interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // check raises the floor to c.Token if the floor allows it; a conflicting
 // row that the WHERE refuses is still locked by ON CONFLICT, so the floor
 // read next in the same transaction is the one that refused it.
-func (f *sqlFence) check(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (leasecore.Result, error) {
+func (f *sqlFence) check(ctx context.Context, tx queryRower, c leasecore.Claim) (leasecore.Result, error) {
 	cmp := "<="
 	if f.strict {
 		cmp = "<" // THE BUG of flavorStrict
@@ -366,8 +384,61 @@ func (f *sqlFence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Re
 	return f.run(ctx, c, func(pgx.Tx) error { return nil })
 }
 
-func (f *sqlFence) Write(ctx context.Context, c leasecore.Claim, parts []int, content string) (leasecore.Result, error) {
-	return f.run(ctx, c, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content) })
+func (f *sqlFence) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (leasecore.Result, error) {
+	return f.run(ctx, c, func(tx pgx.Tx) error { return writeRows(ctx, tx, c, parts, content, probe) })
+}
+
+// checkFirstFence is the fenced transaction as fencepg ran it before it
+// decided at commit (negative control flavorCheckFirst), in this package's
+// own SQL on torture.fence_floor: the comparison is the transaction's
+// first statement, and the lock it takes on the floor row — shared when
+// the floor equals the token, exclusive when it raises it — is held until
+// COMMIT, under the same idle-in-transaction timeout as the library's
+// holders. A holder frozen inside it makes a newer holder's Advance, whose
+// update of the floor row needs that lock, wait until it wakes or the
+// timeout ends its session.
+type checkFirstFence struct {
+	sqlFence
+	idle time.Duration
+}
+
+// Advance is one statement in autocommit, as the library's is: it holds
+// the floor row's lock only while it runs.
+func (f *checkFirstFence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+	return f.check(ctx, f.pool, c)
+}
+
+func (f *checkFirstFence) Write(ctx context.Context, c leasecore.Claim, parts []int, content string, probe *txProbe) (res leasecore.Result, err error) {
+	err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`,
+			strconv.FormatInt(f.idle.Milliseconds(), 10)); err != nil {
+			return err
+		}
+		// THE FLAW of flavorCheckFirst: the floor row locked from the first
+		// statement to COMMIT.
+		var floor int64
+		err := tx.QueryRow(ctx, `SELECT max_token FROM torture.fence_floor WHERE scope = $1 FOR SHARE`, c.Scope).Scan(&floor)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) || (err == nil && floor < int64(c.Token)):
+			// No Advance yet: the full check raises the floor, and holds
+			// its exclusive lock to COMMIT.
+			if res, err = f.check(ctx, tx, c); err != nil || !res.Accepted {
+				return err
+			}
+		case err != nil:
+			return err
+		case floor > int64(c.Token):
+			res = leasecore.Result{Floor: leasecore.Token(floor)}
+			return nil
+		default:
+			res = leasecore.Result{Accepted: true, Floor: c.Token}
+		}
+		return writeRows(ctx, tx, c, parts, content, probe)
+	})
+	if err != nil {
+		return leasecore.Result{}, err
+	}
+	return res, nil
 }
 
 // naiveLease is the article's lease, one autocommit statement per

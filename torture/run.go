@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -59,7 +60,9 @@ type runConfig struct {
 	quotaMax  int
 	workMin   time.Duration // the holder's work before each write
 	workMax   time.Duration
-	noFloor   bool // the design has no floor (see checkOptions)
+	txWork    time.Duration // the holder's work inside each write's transaction (runMsg.TxWork)
+	noFloor   bool          // the design has no floor (see checkOptions)
+	fenceWait time.Duration // checkFenceWaits's bound
 
 	linTimeout  time.Duration
 	evidenceDir string // where histories with violations are saved; "" saves none
@@ -83,6 +86,9 @@ type runResult struct {
 	violations        map[string]int
 	violating         int // histories with at least one violation
 	verdicts          map[porcupine.CheckResult]int
+	waits             waitStats
+	fenceWait         time.Duration // the bound waits were checked against
+	inTx              inTxPauses
 	evidence          []string
 	examples          []string // the first violations, for the output
 	wall              time.Duration
@@ -99,6 +105,7 @@ func newRunResult(name, srv string, seed uint64) *runResult {
 func runTorture(ctx context.Context, srv server, cfg runConfig) (*runResult, error) {
 	t0 := time.Now()
 	r := &runner{cfg: cfg, srv: srv, res: newRunResult(cfg.name, srv.name(), cfg.seed)}
+	r.res.fenceWait = cfg.fenceWait
 	r.res.kinds, r.res.downLabel = cfg.nemesis.kinds, "server down"
 	ms, cluster := srv.(memberServer)
 	if cluster {
@@ -179,6 +186,11 @@ type runner struct {
 	// crashMu: one server fault (a crash; on a cluster a leader kill or a
 	// partition) at a time, whichever lane asks.
 	crashMu sync.Mutex
+	// serverFaults are every lane's server faults (End 0 while under
+	// way): a crash stalls the holders of every lane, and each lane's wait
+	// checker must know it.
+	serverMu     sync.Mutex
+	serverFaults []laneFault
 
 	resMu sync.Mutex
 	res   *runResult
@@ -373,9 +385,9 @@ func (r *runner) runHistory(ctx context.Context, ln *lane, idx int) error {
 	ln.rec.Store(rec)
 	defer ln.rec.Store(nil)
 	msg := runMsg{History: idx, Scope: scope, QuotaMin: cfg.quotaMin, QuotaMax: cfg.quotaMax,
-		WorkMin: cfg.workMin, WorkMax: cfg.workMax}
+		WorkMin: cfg.workMin, WorkMax: cfg.workMax, TxWork: cfg.txWork}
 	ln.msg.Store(&msg)
-	start := time.Now()
+	start, histStart := time.Now(), monoNow()
 	for _, s := range ln.slots {
 		p := s.current()
 		if err := p.send("RUN " + r.runLine(msg, s, p)); err != nil {
@@ -459,7 +471,11 @@ func (r *runner) runHistory(ctx context.Context, ln *lane, idx int) error {
 	if stray > 0 {
 		r.harnessProblem(fmt.Sprintf("history %d: %d events of holders matched no operation of the history", idx, stray))
 	}
-	res := checkHistory(ops, final, ln.i2, idx, checkOptions{noFloor: cfg.noFloor, linTimeout: cfg.linTimeout})
+	// The wait checker also sees the other lanes' server faults: they
+	// stall this lane's holders too.
+	others := r.otherLanesServerFaults(ln, histStart)
+	res := checkHistory(ops, append(slices.Clone(frs), others...), final, ln.i2, idx,
+		checkOptions{noFloor: cfg.noFloor, linTimeout: cfg.linTimeout, fenceWait: cfg.fenceWait, rowLocks: r.srv.backend() == "pg"})
 	return r.record(idx, plan, ops, frs, res)
 }
 
@@ -538,7 +554,32 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 	if f.Leader {
 		target = rec.leader()
 	}
-	if f.AfterAck {
+	aimedInTx := f.InTx && f.Kind == faultPause
+	afterAck := f.AfterAck && !aimedInTx
+	slotOf := func(client int) *slot {
+		for _, c := range ln.slots {
+			if c.current().client == client {
+				return c
+			}
+		}
+		return nil
+	}
+	inTx, locked := false, false // struck on a holder's report of being inside; s.faultMu held
+	if aimedInTx {
+		// Strike at once: the holder is inside its transaction for the
+		// in-transaction work only (runMsg.TxWork). A holder another fault
+		// is acting on (another in-transaction pause woken by the same
+		// report) is left to it: the next report is waited for.
+		for limit := time.Now().Add(2 * r.cfg.ttl); !inTx; {
+			c, ok := rec.nextInTx(ctx, time.Until(limit))
+			if !ok {
+				break
+			}
+			if cs := slotOf(c); cs != nil && cs.faultMu.TryLock() {
+				s, target, inTx, locked = cs, c, true, true
+			}
+		}
+	} else if afterAck {
 		if c, ok := rec.nextAck(ctx, 2*r.cfg.ttl); ok {
 			target = c
 			// Strike a little later, inside the writer's work before its
@@ -549,26 +590,26 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 			sleepCtx(ctx, r.cfg.workMin/4)
 		}
 	}
-	for _, c := range ln.slots {
-		if c.current().client == target {
-			s = c
-		}
+	if cs := slotOf(target); cs != nil && !locked {
+		s = cs
 	}
 	if f.Kind != faultCrash && f.Kind != faultPartition {
 		// One fault at a time per holder: two kills of one leader would
 		// otherwise both start a replacement, and one of them would run on,
 		// untracked, campaigning for an old history.
-		s.faultMu.Lock()
+		if !locked {
+			s.faultMu.Lock()
+		}
 		defer s.faultMu.Unlock()
 	}
 	p := s.current()
-	fr := faultRecord{Kind: f.Kind, Target: p.name, Start: monoNow()}
+	fr := faultRecord{Kind: f.Kind, Target: p.name, Start: monoNow(), InTx: aimedInTx, OnReport: inTx}
 	switch f.Kind {
 	case faultPause:
 		p.signal(syscall.SIGSTOP)
 		t0 := time.Now()
 		sleepCtx(ctx, f.Dur) // thawed whatever happens: a frozen holder never stays behind
-		if r.cfg.nemesis.pauseUntilTakeover || (r.cfg.nemesis.ackedPauseUntilTakeover && f.AfterAck) {
+		if r.cfg.nemesis.pauseUntilTakeover || (r.cfg.nemesis.ackedPauseUntilTakeover && afterAck) {
 			// Frozen on until another holder's write was acknowledged (at
 			// most 6 TTL in all): the write it sends after the thaw is then
 			// certainly stale.
@@ -581,6 +622,12 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		}
 		p.signal(syscall.SIGCONT)
 		fr.Note = fmt.Sprintf("SIGSTOP, SIGCONT after %v", time.Since(t0).Round(time.Millisecond))
+		switch {
+		case inTx:
+			fr.Note = "aimed inside a fenced transaction: " + fr.Note
+		case fr.InTx:
+			fr.Note = fmt.Sprintf("aimed inside a fenced transaction, but no holder reported being inside one within %v: %s", 2*r.cfg.ttl, fr.Note)
+		}
 	case faultKill:
 		p.killed.Store(true)
 		p.signal(syscall.SIGKILL)
@@ -596,7 +643,9 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		fr.Target = ""
 		r.crashMu.Lock()
 		fr.Start = monoNow()
+		ended := r.serverFaultBegins(ln, f.Kind, fr.Start)
 		down, how, err := r.srv.crash(ctx)
+		ended()
 		r.crashMu.Unlock()
 		if err != nil {
 			return fr, fmt.Errorf("server crash: %w", err)
@@ -615,7 +664,9 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 		// members stays up and connected.
 		r.crashMu.Lock()
 		fr.Start = monoNow()
+		ended := r.serverFaultBegins(ln, f.Kind, fr.Start)
 		target, how, err := ms.partition(ctx, f)
+		ended()
 		r.crashMu.Unlock()
 		if err != nil {
 			return fr, fmt.Errorf("partition: %w", err)
@@ -633,6 +684,49 @@ func (r *runner) inject(ctx context.Context, ln *lane, rec *recorder, f plannedF
 	}
 	fr.End = monoNow()
 	return fr, nil
+}
+
+// laneFault is a server fault and the lane that drew it.
+type laneFault struct {
+	lane int
+	f    faultRecord
+}
+
+// serverFaultBegins logs a server fault of lane ln that began at start
+// for every lane's wait checker; ended logs its end.
+func (r *runner) serverFaultBegins(ln *lane, kind faultKind, start int64) (ended func()) {
+	r.serverMu.Lock()
+	defer r.serverMu.Unlock()
+	i := len(r.serverFaults)
+	r.serverFaults = append(r.serverFaults, laneFault{lane: ln.idx, f: faultRecord{Kind: kind, Start: start}})
+	return func() {
+		r.serverMu.Lock()
+		defer r.serverMu.Unlock()
+		r.serverFaults[i].f.End = monoNow()
+	}
+}
+
+// otherLanesServerFaults are the server faults other lanes than ln drew
+// that may have touched a history begun at since (one still under way
+// ends never).
+func (r *runner) otherLanesServerFaults(ln *lane, since int64) []faultRecord {
+	r.serverMu.Lock()
+	defer r.serverMu.Unlock()
+	var fs []faultRecord
+	for _, lf := range r.serverFaults {
+		f := lf.f
+		if lf.lane == ln.idx {
+			continue
+		}
+		if f.End == 0 {
+			f.End = math.MaxInt64 - int64(serverGrace)
+		}
+		if f.End+int64(serverGrace) >= since {
+			f.Note = fmt.Sprintf("drawn by lane %d", lf.lane)
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }
 
 // record adds one checked history to the run's figures and saves the
@@ -653,6 +747,8 @@ func (r *runner) record(idx int, plan []plannedFault, ops []*Op, frs []faultReco
 	}
 	out.checkerTime += res.took
 	out.verdicts[res.lin]++
+	out.waits.add(res.waits)
+	out.inTx.add(ops, frs)
 	if len(res.violations) == 0 {
 		return nil
 	}

@@ -48,6 +48,28 @@ var timings = map[string]timing{
 	"etcd-cluster": {ttl: time.Second, window: 3000 * time.Millisecond, settle: 800 * time.Millisecond, readEvery: 150 * time.Millisecond},
 }
 
+// txWork is the holders' work inside each write's transaction, between
+// its two tables' statements: the nemesis's in-transaction pauses strike
+// in it, so it must outlast the nemesis's reaction to the holder's report
+// (the figures show that reaction).
+const txWork = 5 * time.Millisecond
+
+// fenceWaitBound is how long an advance or write of a newer token may take
+// while an older holder's is open, when nothing but the fence can explain
+// the wait (checkFenceWaits). Measured (docs/torture.md): every advance of
+// the fence that nothing else explains took at most 264 ms, with two CPU
+// burners beside the run; the check-first control makes the new leader's
+// advance wait for the rest of a frozen holder's idle timeout after the
+// lease passed: checkFirstIdle - 1 TTL, 1.5 s on PostgreSQL. The bound
+// sits between, about three times the one and half the other.
+const fenceWaitBound = 750 * time.Millisecond
+
+// checkFirstIdle is the check-first control's idle-in-transaction
+// timeout, in TTLs, and its pauses inside a transaction last as long or
+// longer: long enough that the control's wait is well above
+// fenceWaitBound on a loaded machine.
+const checkFirstIdle = 4
+
 // nemesisFor is the nemesis of a backend's fence (the controls build their
 // own): every backend draws from allFaultKinds, the cluster also
 // partitions (clusterNemesis); a pause right after an acknowledged write
@@ -126,8 +148,8 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		return runConfig{name: name, flavor: fl, ttl: tm.ttl, window: tm.window, settle: tm.settle,
 			readEvery: tm.readEvery, histories: histories, only: opt.Only, lanes: max(1, opt.Lanes), holders: 3,
 			seed: opt.Seed, nemesis: nemesisFor(backend), quotaMin: 3, quotaMax: 15,
-			workMin: 10 * time.Millisecond, workMax: 50 * time.Millisecond, linTimeout: 2 * time.Minute,
-			replay: opt.Replay, logf: opt.Logf, holderArgs: opt.HolderArgs}
+			workMin: 10 * time.Millisecond, workMax: 50 * time.Millisecond, txWork: txWork, fenceWait: fenceWaitBound,
+			linTimeout: 2 * time.Minute, replay: opt.Replay, logf: opt.Logf, holderArgs: opt.HolderArgs}
 	}
 
 	// The fence.
@@ -165,6 +187,7 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 	pause.kinds, pause.extra, pause.pauseMin, pause.pauseMax = []faultKind{faultPause}, 1, 2, 3
 	pause.leaderBias, pause.afterAck, pause.earliest, pause.latest = 1, 1, 0.2, 0.35
 	pause.pauseUntilTakeover = true
+	pause.inTx = 0
 	controls := []control{{
 		name: backend + " unfenced resource", slug: backend + "-unfenced", flavor: flavorUnfenced, expect: []string{chkI3},
 		// The leader never resigns (a resignation right before the pause
@@ -182,10 +205,20 @@ func RunSuite(ctx context.Context, backend string, opt SuiteOptions) *SuiteRepor
 		// first write after its Advance, which a crash or a kill can take
 		// away from a whole short history.
 		quiet := defaultNemesis()
-		quiet.kinds = []faultKind{faultPause, faultDelay}
+		quiet.kinds, quiet.inTx = []faultKind{faultPause, faultDelay}, 0
+		// Three pauses a history, each inside the next holder's fenced
+		// transaction, for 2-3 TTL: the lease passes to another holder
+		// while the frozen one holds its lock, and that holder's Advance
+		// waits for it.
+		inTx := defaultNemesis()
+		inTx.kinds, inTx.extra, inTx.pauseMin, inTx.pauseMax, inTx.inTx = []faultKind{faultPause}, 1, checkFirstIdle, checkFirstIdle+1, 1
+		inTx.earliest, inTx.latest = 0.2, 0.35
 		controls = append(controls, control{
 			name: "pg fence comparing < instead of <=", slug: "pg-strict-compare", flavor: flavorStrict, expect: []string{chkLin},
 			nemesis: quiet, quota: [2]int{3, 15},
+		}, control{
+			name: "pg fence checking first, its floor row lock held until commit", slug: "pg-check-first", flavor: flavorCheckFirst,
+			expect: []string{chkFenceWait}, nemesis: inTx, quota: [2]int{3, 15},
 		}, control{
 			name: "pg non-durable lease and fence (synchronous_commit=off, immediate stops)", slug: "pg-non-durable", flavor: flavorNaive,
 			expect: []string{chkI2Reuse, chkLost},
@@ -361,6 +394,8 @@ func (res *runResult) figures() []string {
 		lines = append(lines, fmt.Sprintf("   leader elections: %d over the run (raft term %d -> %d)",
 			res.terms[1]-res.terms[0], res.terms[0], res.terms[1]))
 	}
+	lines = append(lines, res.inTx.figure())
+	lines = append(lines, res.waits.figures(res.fenceWait)...)
 	return append(lines,
 		fmt.Sprintf("   checker time %v; linearizability verdicts: %s", res.checkerTime.Round(time.Millisecond), strings.Join(verdicts, ", ")),
 		fmt.Sprintf("   violations %d in %d histories: %s", sumValues(res.violations), res.violating, describeViolations(res.violations, nil)),
