@@ -393,10 +393,10 @@ func (f *sqlFence) Write(ctx context.Context, c leasecore.Claim, parts []int, co
 // own SQL on torture.fence_floor: the comparison is the transaction's
 // first statement, and the lock it takes on the floor row — shared when
 // the floor equals the token, exclusive when it raises it — is held until
-// COMMIT, under the same idle-in-transaction timeout as the library's
-// holders. A holder frozen inside it makes a newer holder's Advance, whose
-// update of the floor row needs that lock, wait until it wakes or the
-// timeout ends its session.
+// COMMIT, under an idle-in-transaction timeout of checkFirstIdle TTLs. A
+// holder frozen inside it makes a newer holder's Advance, whose update of
+// the floor row needs that lock, wait until it wakes or the timeout ends
+// its session.
 type checkFirstFence struct {
 	sqlFence
 	idle time.Duration
