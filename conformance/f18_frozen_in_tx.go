@@ -57,15 +57,22 @@ func waitedFor(returned bool, took, waited time.Duration) string {
 	return fmt.Sprintf("returned after %v", took.Round(time.Millisecond))
 }
 
-// goAdvance starts res.Advance(cl) in its own goroutine.
-func goAdvance(ctx context.Context, res Advancer, cl leasecore.Claim) <-chan timedResult {
+// advanceWithin starts res.Advance(cl) in its own goroutine and waits for
+// it at most limit. It returns the outcome and true if it came in time;
+// otherwise the channel it will arrive on, which is never closed.
+func advanceWithin(ctx context.Context, res Advancer, cl leasecore.Claim, limit time.Duration) (timedResult, bool, <-chan timedResult) {
 	ch := make(chan timedResult, 1)
 	go func() {
 		start := time.Now()
 		r, err := res.Advance(ctx, cl)
 		ch <- timedResult{r, err, time.Since(start)}
 	}()
-	return ch
+	select {
+	case o := <-ch:
+		return o, true, ch
+	case <-time.After(limit):
+		return timedResult{}, false, ch
+	}
 }
 
 // frozenInTx is F18's timeline with holder processes: A (kind: the fenced
@@ -108,15 +115,7 @@ func frozenInTx(ctx context.Context, c *caseRun, h Harness, kind ResourceKind) {
 	c.Must(err, "holder-b acquires "+name)
 	c.LargerToken("B acquires the expired lease with a larger token", tokA, gb.Token)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-b", gb.Token))
-	b := leasecore.Claim{Scope: sc, Writer: holderB, Token: gb.Token}
-	advDone := goAdvance(ctx, res, b)
-	var adv timedResult
-	returned := false
-	select {
-	case adv = <-advDone:
-		returned = true
-	case <-time.After(2 * advanceBound):
-	}
+	adv, returned, advDone := advanceWithin(ctx, res, leasecore.Claim{Scope: sc, Writer: holderB, Token: gb.Token}, 2*advanceBound)
 
 	if control {
 		c.Exposes(fmt.Sprintf("the check first holds the floor for A's open transaction: B's Advance had not returned %v after it was sent, A still frozen", 2*advanceBound),
@@ -227,14 +226,7 @@ func slowInTx(ctx context.Context, c *caseRun, h Harness) {
 	gb, err := lease.Acquire(ctx, name, holderB, c.ttl(5*time.Second))
 	c.Must(err, "holder-b acquires "+name)
 	c.LargerToken("B acquires the expired lease with a larger token", ga.Token, gb.Token)
-	advDone := goAdvance(ctx, res, leasecore.Claim{Scope: sc, Writer: holderB, Token: gb.Token})
-	var adv timedResult
-	returned := false
-	select {
-	case adv = <-advDone:
-		returned = true
-	case <-time.After(2 * advanceBound):
-	}
+	adv, returned, advDone := advanceWithin(ctx, res, leasecore.Claim{Scope: sc, Writer: holderB, Token: gb.Token}, 2*advanceBound)
 	c.Check(c.id, fmt.Sprintf("B's Advance returns within %v while A's transaction is open and busy", advanceBound),
 		returned && adv.took <= advanceBound && adv.res.Accepted, fmt.Sprintf("accepted within %v", advanceBound),
 		fmt.Sprintf("%s, accepted=%t", waitedFor(returned, adv.took, 2*advanceBound), returned && adv.res.Accepted))

@@ -32,14 +32,16 @@ import (
 // fn in it, and commits it only if, when it commits, no token larger than
 // c.Token has been accepted or advanced for c.Scope:
 //
-//   - The first round trip (BEGIN and a read of the floor, which takes no
-//     lock) rejects at once a token the floor has already passed: fn is
-//     not called. When the floor is below c.Token (the first transaction
-//     of a holding period that did not call Advance), RunTx first raises
-//     it to c.Token in a transaction of its own that commits before fn
-//     runs, as Advance does, so older holders are cut off from then on;
-//     that costs one more round trip (RunSQLTx: several), once per
-//     holding period. A lock timeout (WithTimeouts) bounds its wait too.
+//   - The first round trip is BEGIN with the idle timeout. Until this
+//     Fence has seen the scope's floor at c.Token (the first transaction
+//     of a holding period, or after the floor moved) it also reads the
+//     floor, taking no lock: a token the floor has already passed is
+//     rejected at once, fn not called; a floor below c.Token (a holding
+//     period that did not call Advance) is first raised to c.Token in a
+//     transaction of its own that commits before fn runs, as Advance
+//     does, so older holders are cut off from then on — one more round
+//     trip (RunSQLTx: several), once per holding period, whose wait a
+//     lock timeout (WithTimeouts) bounds too.
 //   - fn runs with no lock of the fence's held. If fn returns an error (or
 //     panics), RunTx rolls back and returns that error wrapped (errors.Is
 //     and errors.As reach it; a server or connection failure inside fn is
@@ -92,7 +94,9 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 }
 
 // beginPgx acquires a connection and sends BEGIN with the transaction's
-// settings and the early read of the floor, in one round trip.
+// settings and, unless this Fence has seen the floor at c.Token already
+// (seenFloors), the early read of the floor, in one round trip. It returns
+// the floor read, or c.Token when it read none.
 func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pgxpool.Conn, pgx.Tx, leasecore.Token, error) {
 	conn, err := f.pgx.Acquire(ctx)
 	if err != nil {
@@ -101,9 +105,14 @@ func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pg
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	f.queueLockTimeout(b)
-	var floor int64
+	floor := int64(c.Token)
 	var setting string
-	b.Queue(f.stmt.earlyRead, c.Scope, f.idleSetting()).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
+	switch idle := f.idleSetting(); {
+	case !f.seen.at(c.Scope, c.Token):
+		b.Queue(f.stmt.earlyRead, c.Scope, idle).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
+	case idle != nil:
+		b.Queue(f.stmt.settings, idle)
+	}
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
@@ -135,6 +144,7 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 	}()
 	rejected := func(floor int64) (leasecore.Result, error) {
 		finished = true
+		f.seen.saw(c.Scope, leasecore.Token(floor))
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		// Give the connection back before logging: the log needs one of
 		// the pool's, and with every connection held by a rejected writer
@@ -165,6 +175,7 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
 	}
 	finished = true
+	f.seen.saw(c.Scope, c.Token)
 	return f.accepted(op, c), nil
 }
 
@@ -290,6 +301,7 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 		if err := f.notBelow(op, c, int64(floor)); err != nil {
 			return leasecore.Result{}, err
 		}
+		f.seen.saw(c.Scope, floor)
 		return f.outcome(ctx, op, c, int64(floor))
 	}
 	// RunSQLTx's own first statements have returned: how long the
@@ -366,16 +378,24 @@ func (f *Fence) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
 	return tx, nil
 }
 
-// beginSQL begins RunSQLTx's transaction with its settings and reads the
-// floor, taking no lock.
+// beginSQL begins RunSQLTx's transaction with its settings and, unless
+// this Fence has seen the floor at c.Token already (seenFloors), reads the
+// floor, taking no lock. It returns the floor read, or c.Token when it
+// read none.
 func (f *Fence) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*sql.Tx, leasecore.Token, error) {
 	tx, err := f.beginSQLTx(ctx, op)
 	if err != nil {
 		return nil, 0, err
 	}
-	var floor int64
+	floor := int64(c.Token)
 	var setting string
-	if err := tx.QueryRowContext(ctx, f.stmt.earlyRead, c.Scope, f.idleSetting()).Scan(&floor, &setting); err != nil {
+	switch idle := f.idleSetting(); {
+	case !f.seen.at(c.Scope, c.Token):
+		err = tx.QueryRowContext(ctx, f.stmt.earlyRead, c.Scope, idle).Scan(&floor, &setting)
+	case idle != nil:
+		err = tx.QueryRowContext(ctx, f.stmt.settings, idle).Scan(&setting)
+	}
+	if err != nil {
 		_ = tx.Rollback()
 		return nil, 0, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -403,6 +423,7 @@ func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecor
 		lost := errors.Is(tx.Rollback(), driver.ErrBadConn)
 		return leasecore.Result{}, f.lostSQLTx(pgstore.MapError(ctx, pkg, op, err), err, since, lost)
 	}
+	f.seen.saw(c.Scope, leasecore.Token(floor))
 	if leasecore.Token(floor) != c.Token {
 		_ = tx.Rollback()
 		return f.outcome(ctx, op, c, floor)
@@ -467,6 +488,7 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 	// Committed. This ends the empty transaction the BEGIN opened; if it
 	// fails the connection is gone, which changes nothing that committed.
 	_ = tx.Commit(context.WithoutCancel(ctx))
+	f.seen.saw(c.Scope, c.Token)
 	return f.accepted(op, c), nil
 }
 

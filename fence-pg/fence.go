@@ -88,13 +88,14 @@ type Fence struct {
 	cfg  config
 	stmt fenceSQL
 	read pgstore.Reader
+	seen seenFloors // RunTx's and RunSQLTx's early reads that can be skipped
 }
 
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
-	// the fast paths (floor = token), the early read of RunTx/RunSQLTx
-	shared, earlyRead, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
+	// the fast paths (floor = token), the first statements of RunTx/RunSQLTx
+	shared, earlyRead, settings, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
 }
 
 func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
@@ -104,7 +105,7 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
-			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), guardOrRaise: in(pgsql.FenceGuardOrRaise),
+			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), settings: pgsql.FenceSettings, guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
 			writeManyShared: in(pgsql.FencedWriteManyShared),
 		},

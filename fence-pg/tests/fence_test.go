@@ -582,3 +582,62 @@ func TestRunTxContextCause(t *testing.T) {
 		}
 	})
 }
+
+// TestRunTxEarlyRead: a Fence reads the floor before fn only until it has
+// seen the floor at the claim's token: the holder's later transactions
+// skip the read, so a newer token that passed meanwhile is caught by the
+// comparison at commit (fn ran, nothing of it is kept), and the next
+// transaction of the stale token is rejected before fn runs.
+func TestRunTxEarlyRead(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFenceFixture(t, driver)
+		ctx := context.Background()
+		a := leasecore.Claim{Scope: "early", Writer: "holder-a", Token: 1}
+		run := func(fence *fencepg.Fence, c leasecore.Claim, total int) (leasecore.Result, bool) {
+			t.Helper()
+			called := false
+			write := func(exec func(string, ...any) error) error {
+				called = true
+				return exec(upsertRun, c.Scope, c.Writer, int64(c.Token), total)
+			}
+			var res leasecore.Result
+			var err error
+			if f.resPool.Pgx != nil {
+				res, err = fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+					return write(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err })
+				})
+			} else {
+				res, err = fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+					return write(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err })
+				})
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return res, called
+		}
+		res, called := run(f.fence, a, 1)
+		backendtest.WantResult(t, "A's first transaction", res, true, 1)
+		if !called {
+			t.Fatal("A's first transaction did not run fn")
+		}
+		// Another instance's Fence: B advances.
+		other := openFence(t, f.resPool)
+		if r, err := other.Advance(ctx, leasecore.Claim{Scope: "early", Writer: "holder-b", Token: 2}); err != nil || !r.Accepted {
+			t.Fatalf("B's advance: %+v %v", r, err)
+		}
+		res, called = run(f.fence, a, 2)
+		backendtest.WantResult(t, "A's transaction after B advanced, its Fence having seen the floor at A's token", res, false, 2)
+		if !called {
+			t.Error("fn did not run: the Fence read the floor first, which it need not have")
+		}
+		res, called = run(f.fence, a, 3)
+		backendtest.WantResult(t, "A's next transaction", res, false, 2)
+		if called {
+			t.Error("fn ran although the Fence had seen the floor at 2: the early read was skipped")
+		}
+		if got := f.job(t, "early"); got != "holder-a/1/1 lines=-" {
+			t.Fatalf("rows = %q, want A's first transaction's only", got)
+		}
+	})
+}

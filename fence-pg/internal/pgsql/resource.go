@@ -112,6 +112,11 @@ func idleTimeout(param string) string {
 // would reject too.
 var FenceEarlyRead = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text), 0), ` + idleTimeout("$2")
 
+// FenceSettings is FenceEarlyRead without the read: the first statement
+// of a fenced transaction whose Fence has seen the floor at the token
+// already; it only sets the idle timeout $1.
+var FenceSettings = `SELECT ` + idleTimeout("$1")
+
 // FenceShared is sharedFloor on its own: the comparison a database/sql
 // fenced transaction ends with before its COMMIT (fencepg.Fence.RunSQLTx,
 // CommitTx). $1 scope, $2 token; a row back means accepted.
