@@ -14,7 +14,7 @@ lab: deps
 bench: deps
 	@cd examples/lease-fencing && go run ./cmd/bench -out ../../evidence/bench -lab ./run.sh -docs ../../docs/performance.md
 
-# Capacity (docs/capacity.md, issue 17): 10,000 holders x 100 names = 1,000,000 leases acquired through
+# Capacity (docs/capacity.md): 10,000 holders x 100 names = 1,000,000 leases acquired through
 # the public API, renewed at TTL/3 (TTL 15 s) for 60 s by 4 holder processes, on PostgreSQL per-lease,
 # PostgreSQL holder sessions, one etcd member and a 3-member etcd cluster, one after the other; prints
 # the RATIO lines and writes evidence/capacity/latest.txt (a full-scale run only). Not part of `make test`;

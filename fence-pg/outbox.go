@@ -26,7 +26,7 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 
 // Outbox is a fenced outbox for side effects the downstream system cannot
 // fence itself — "report published" sent to another service, a message, a
-// webhook (SPEC F9): the side effect is recorded as an entry in the same
+// webhook (the conformance case F9): the side effect is recorded as an entry in the same
 // fenced transaction as the data it announces, and a relay delivers it
 // afterwards with the writer's token as its version.
 //
