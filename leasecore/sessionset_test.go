@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,11 +151,19 @@ func TestSessionSetDeadlineWhileRenewAllHangs(t *testing.T) {
 // name is reported lost.
 func TestSessionSetLateRenewalDoesNotRevive(t *testing.T) {
 	f := newFixture(true) // the server's clock stays put: the renewal succeeds
-	var sawInvalid atomic.Bool
+	// What Valid said at the deadline, before the answer is returned. The
+	// Advance fires the deadline timer, so the set may report the name lost
+	// (and waitLost return) before this hook has asked Valid: the test
+	// waits for the hook's reading instead of looking at a flag it may not
+	// have set yet.
+	validAtDeadline := make(chan bool, 1)
 	var set *leasecore.SessionSet
 	f.spy.afterRenewAll = func(context.Context) {
 		f.local.Advance(testWindow - testInterval) // the answer arrives at the deadline
-		sawInvalid.Store(!set.Valid("shard-0"))
+		select {
+		case validAtDeadline <- set.Valid("shard-0"):
+		default: // a later RenewAll: the first reading is the one checked
+		}
 	}
 	set = f.newFakeSet(t)
 	if _, err := set.Acquire(context.Background(), "shard-0"); err != nil {
@@ -167,8 +174,13 @@ func TestSessionSetLateRenewalDoesNotRevive(t *testing.T) {
 	if !errors.Is(l.Err, leasecore.ErrLocalDeadline) {
 		t.Errorf("lost %+v, want ErrLocalDeadline", l)
 	}
-	if !sawInvalid.Load() {
-		t.Error("Valid was true at the deadline")
+	select {
+	case valid := <-validAtDeadline:
+		if valid {
+			t.Error("Valid was true at the deadline")
+		}
+	case <-time.After(realWait):
+		t.Fatalf("RenewAll did not return within %v (real time)", realWait)
 	}
 	if set.Valid("shard-0") {
 		t.Error("Valid = true again after a renewal that answered at the deadline")
