@@ -68,6 +68,13 @@ func Run(t *testing.T, newHarness NewHarness) {
 			if c.skipReason != "" && c.passed == 0 && c.failed == 0 {
 				t.Skip(c.skipReason)
 			}
+			if c.failed > 0 {
+				// What the processes, the lease and the resource did, and
+				// when: a failure that depends on timing is read here.
+				for _, ev := range c.timeline {
+					fmt.Fprintln(t.Output(), formatLine("", fmt.Sprintf("timeline %9.3fs %-8s %s", ev.At.Seconds(), ev.Lane, ev.Text)))
+				}
+			}
 		})
 	}
 }
