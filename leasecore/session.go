@@ -397,7 +397,11 @@ func (s *Session) renewLoop() {
 		g   Grant
 		err error
 	}
-	wait := s.interval
+	// The first renewal is due one interval after the reading taken before
+	// the acquire, as each later one is due one interval after the reading
+	// before its renew request: the deadline counts from that reading, so a
+	// slow acquire must not push the first renewal towards the deadline.
+	wait := g.Start.Add(s.interval).Sub(s.clock.Now())
 	failed := 0 // attempts failed since the last success, for SessionEvent.Late
 	for {
 		tick := s.clock.NewTimer(wait)

@@ -233,3 +233,33 @@ func TestNewSessionBestEffortReleaseIsBounded(t *testing.T) {
 		t.Error("NewSession still waits for a hung best-effort release")
 	}
 }
+
+// The first renewal is due one interval after the clock reading taken
+// before the acquire, from which the local deadline counts, as each later
+// renewal is due one interval after the reading before its renew request.
+// Counted from when the acquire returned, a slow acquire would take its
+// own latency off the first renewal's time before the deadline (and with
+// an acquire slower than ttl - margin - interval, the deadline would pass
+// before the first renewal, which WithRenewInterval's bound rules out).
+func TestSessionFirstRenewalCountsFromAcquireStart(t *testing.T) {
+	for _, took := range []time.Duration{300 * time.Millisecond, testInterval + 100*time.Millisecond} {
+		t.Run(took.String(), func(t *testing.T) {
+			f := newFixture(false)
+			f.spy.afterAcquire = func(context.Context) { f.local.Advance(took) } // the response in transit
+			s := f.open(t, "holder-a")
+			var ev leasecore.RenewEvent
+			if took < testInterval {
+				ev = f.tick(t, testInterval-took)
+			} else {
+				ev = f.nextEvent(t) // due already: sent as soon as the acquire returned
+			}
+			if want := epoch.Add(max(testInterval, took)); ev.Err != nil || !ev.Start.Equal(want) {
+				t.Errorf("first renewal: Start %v after the acquire's reading, Err %v; want %v, nil",
+					ev.Start.Sub(epoch), ev.Err, want.Sub(epoch))
+			}
+			if want := ev.Start.Add(testWindow); !s.Deadline().Equal(want) {
+				t.Errorf("Deadline() = %v after the acquire's reading, want %v", s.Deadline().Sub(epoch), want.Sub(epoch))
+			}
+		})
+	}
+}
