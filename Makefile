@@ -35,3 +35,11 @@ torture: deps
 
 deps:
 	@scripts/ensure-deps.sh
+
+# The flake hunt (scripts/flake-hunt.sh): each entry of scripts/flake-hunt.list (the tests whose
+# outcome depends on time, order or the scheduler) run 20 times under -race beside two CPU burners;
+# writes evidence/flakes/latest.txt and the failures' output under evidence/flakes/failures/.
+# Hours for the whole list; FLAKE_ARGS="-n 5" or FLAKE_ARGS="-only leasecore" for less.
+.PHONY: flake-hunt
+flake-hunt: deps
+	@scripts/flake-hunt.sh $(FLAKE_ARGS)
