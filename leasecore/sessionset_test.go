@@ -13,15 +13,16 @@ import (
 
 // A set of shards renewed together: each name keeps its own token; a name
 // taken over is reported lost and leaves the set; the others stay held.
+// On the fake clock, shared by the set and the server: the outcome is
+// which names stay, not how the scheduler treats a 50 ms timer (on the
+// real clock, with a 300 ms TTL, a loaded machine fired the set's timers
+// 100-370 ms late and every name passed its deadline).
 func TestSessionSetRenewsAllAndDropsTheLost(t *testing.T) {
 	ctx := context.Background()
-	leases := memfence.NewLeases(nil)
-	set, err := leasecore.NewSessionSet(leases, "holder-a",
-		leasecore.WithTTL(300*time.Millisecond), leasecore.WithRenewInterval(50*time.Millisecond), leasecore.WithMargin(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer set.Close(ctx)
+	f := newFixture(false)
+	// An attempt's timeout 1 ns short of the interval, so that its timer
+	// is never taken for the next tick (waitTick).
+	set := f.newFakeSet(t, leasecore.WithRenewTimeout(testInterval-time.Nanosecond))
 	for i := range 5 {
 		if _, err := set.Acquire(ctx, fmt.Sprintf("shard-%d", i)); err != nil {
 			t.Fatal(err)
@@ -29,38 +30,67 @@ func TestSessionSetRenewsAllAndDropsTheLost(t *testing.T) {
 	}
 	// Someone releases shard-2 behind the set's back; the next RenewAll
 	// finds it lost.
-	g := leasecore.Grant{Name: "shard-2", Holder: "holder-a", Token: 1, TTL: 300 * time.Millisecond}
-	if err := leases.Release(ctx, g); err != nil {
+	g := leasecore.Grant{Name: "shard-2", Holder: "holder-a", Token: 1, TTL: testTTL}
+	if err := f.leases.Release(ctx, g); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case l := <-set.Lost():
-		if l.Name != "shard-2" || !errors.Is(l.Err, leasecore.ErrLost) {
-			t.Fatalf("lost %+v", l)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("shard-2 was never reported lost")
+	f.local.Advance(testInterval)
+	l := waitLost(t, set, "shard-2")
+	if !errors.Is(l.Err, leasecore.ErrLost) {
+		t.Fatalf("lost %+v, want ErrLost", l)
 	}
-	time.Sleep(600 * time.Millisecond) // two TTLs: only renewal keeps the rest
+	// Two TTLs more, one renewal at a time: only renewal keeps the rest.
+	for f.local.Since() < testInterval+2*testTTL {
+		f.local.waitTick(t, f.local.Now().Add(testInterval))
+		f.local.Advance(testInterval)
+	}
+	f.local.waitTick(t, f.local.Now().Add(testInterval))
 	for _, n := range []string{"shard-0", "shard-1", "shard-3", "shard-4"} {
 		if !set.Valid(n) {
-			t.Errorf("%s no longer valid", n)
+			t.Errorf("%s no longer valid at %v", n, f.local.Since())
 		}
-		if st, _ := leases.Inspect(ctx, n); !st.Held || st.Holder != "holder-a" {
+		if st, _ := f.leases.Inspect(ctx, n); !st.Held || st.Holder != "holder-a" {
 			t.Errorf("%s: %+v", n, st)
 		}
 	}
 	if set.Valid("shard-2") {
 		t.Error("shard-2 still valid")
 	}
+	if n := f.spy.renewAlls.Load(); n != 9 {
+		t.Errorf("RenewAll called %d times in %v, want 9 (one every %v)", n, f.local.Since(), testInterval)
+	}
 	if err := set.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := leases.Inspect(ctx, "shard-0"); st.Held {
+	if st, _ := f.leases.Inspect(ctx, "shard-0"); st.Held {
 		t.Error("Close did not release shard-0")
 	}
 	if _, err := set.Acquire(ctx, "shard-9"); !errors.Is(err, leasecore.ErrClosed) {
 		t.Errorf("acquire after Close: %v", err)
+	}
+}
+
+// waitTick waits until a timer due exactly at at is active: a set's next
+// renewal tick, armed once the previous RenewAll's answer was applied.
+func (c *fakeClock) waitTick(t *testing.T, at time.Time) {
+	t.Helper()
+	timeout := time.NewTimer(realWait)
+	defer timeout.Stop()
+	for {
+		c.mu.Lock()
+		armed, changed := false, c.changed
+		for _, x := range c.timers {
+			armed = armed || x.at.Equal(at)
+		}
+		c.mu.Unlock()
+		if armed {
+			return
+		}
+		select {
+		case <-changed:
+		case <-timeout.C:
+			t.Fatalf("waited %v (real time) for a timer due at %v", realWait, at.Sub(epoch))
+		}
 	}
 }
 
