@@ -61,9 +61,18 @@ func fastServerClock() func() time.Time {
 // counted failures.
 func wantLines(t *testing.T, sum conformance.Summary, out string, want ...string) {
 	t.Helper()
+	missing := false
 	for _, w := range want {
 		if !strings.Contains(out, w) {
 			t.Errorf("output lacks %q:\n%s", w, out)
+			missing = true
+		}
+	}
+	if missing { // what happened when, to tell which failure came first and why
+		for _, c := range sum.Cases {
+			for _, ev := range c.Timeline {
+				t.Logf("%s timeline %9.3fs %-8s %s", c.ID, ev.At.Seconds(), ev.Lane, ev.Text)
+			}
 		}
 	}
 	if sum.Failed == 0 {
