@@ -8,6 +8,11 @@
 #   scripts/flake-hunt.sh -only leasecore only the entries whose line matches the regexp
 #   make flake-hunt FLAKE_ARGS="-n 5"     the same through make
 #
+# The whole list takes hours: measured on a loaded 2-CPU machine, one run
+# of every entry took 460 s (750 s with the builds), so 20 runs about
+# 2.6 hours. `-n 1` measures it again; each entry's first run also prints
+# its own estimate.
+#
 # An entry of the list is a package directory, relative to the repository,
 # and optionally a -run pattern (see scripts/flake-hunt.list): fast
 # packages whole, the timing cases of the slow server-backed packages by
