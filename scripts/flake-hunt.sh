@@ -43,7 +43,7 @@ while [ $# -gt 0 ]; do
     -only) only=$2; shift 2 ;;
     -list) list=$2; shift 2 ;;
     -out) out=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "flake-hunt: unknown argument $1" >&2; exit 2 ;;
   esac
 done
