@@ -2,10 +2,13 @@ package fenceetcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
@@ -14,11 +17,6 @@ import (
 
 // moveWriter is the writer an install's attempt record names.
 const moveWriter = "leasefence scope move"
-
-// maxSealRounds bounds Seal's read-then-compare rounds: a round fails only
-// when the scope's floor moved between its read and its transaction (a new
-// holder's Advance, or a first Commit), which a handful of rounds outlasts.
-const maxSealRounds = 100
 
 // Seal seals scope at this cluster, which the scope is moving away from to
 // the location the caller labels to ("etcd-eu"), and runs reads — Gets of
@@ -32,27 +30,35 @@ const maxSealRounds = 100
 // to Install at the new cluster, and the responses of reads (Responses[i]
 // is reads[i]'s; Header the transaction's).
 //
-// It takes two requests: a read of the floor (and of the record), then
+// It takes two requests, whatever the scope's writers do:
 //
-//	If(ModRevision(floor) == the one read, Version(moved) == 0)
-//	Then(reads..., Put(floor, enc(SealedFloor)), Put(moved, record))
+//	If(Version(moved) == 0)
+//	Then(reads..., Get(floorspace), Put(floor, enc(SealedFloor), prev_kv), Put(moved, pending record))
+//	Else(reads..., Get(floorspace), Get(floor), Get(moved))
 //
-// which fails, and is sent again after a new read, only if the floor moved
-// in between. A guarded transaction that etcd applied before the seal is in
-// what reads see; one it would apply after finds the sealed floor and is
-// not applied. Writers that raise the floor without pause (new tokens,
-// one after another, faster than a round trip) can make every round fail:
-// after 100 in a row Seal returns an error wrapping
-// leasecore.ErrUnavailable, having written nothing; stop the scope's
-// holders (or let the lease pass less often) and call it again.
+// then, the floor the put replaced now known, a put of the whole record
+// over the pending one (If ModRevision(moved) == the seal's revision). The
+// seal's compare is on its own record only, never on the floor, so writers
+// that raise the floor without pause cannot make it fail: a guarded
+// transaction that etcd applied before the seal is in what reads see and
+// in the floor it returns; one it would apply after finds the sealed floor
+// and is not applied.
 //
-// Sealing a sealed scope writes nothing and returns the ScopeSeal of the
-// first seal, with reads run in one read-only transaction, so a move that
-// crashed after its seal can run again. When that first seal named
-// another destination, Seal returns that ScopeSeal with a
-// *leasecore.ScopeMovedError (errors.Is leasecore.ErrScopeMoved) and no
-// response. A scope that never had a floor here is sealed too, with Floor
-// 0.
+// An error after the seal applied (ctx ended before the record was
+// completed) leaves the scope sealed with a pending record: call Seal
+// again, which completes the record from the floor's value just before the
+// seal's revision and returns the seal. Should that revision have been
+// compacted away meanwhile, Seal says so and the floor must come from
+// elsewhere (Install with a floor at least every token issued here, e.g.
+// the lease store's TokenCeiling).
+//
+// Sealing a sealed scope writes nothing (beyond completing a pending
+// record) and returns the ScopeSeal of the first seal, with reads run in
+// the same one transaction, so a move that crashed after its seal can run
+// again. When that first seal named another destination, Seal returns that
+// ScopeSeal with a *leasecore.ScopeMovedError (errors.Is
+// leasecore.ErrScopeMoved) and no response. A scope that never had a floor
+// here is sealed too, with Floor 0.
 //
 // Every op of reads must be a Get: the old copy of the data is deleted, if
 // at all, after the install committed (a delete here before that would
@@ -60,7 +66,7 @@ const maxSealRounds = 100
 // as names (leasecore.CheckSeal), an op that is not a Get — returns a
 // *leasecore.ArgError naming the field before anything is sent. etcd's
 // limit of operations per transaction (--max-txn-ops, 128 by default)
-// applies to reads plus the seal's two puts.
+// applies to reads plus the seal's three operations.
 func (f *Fence) Seal(ctx context.Context, scope, to string, reads ...clientv3.Op) (leasecore.ScopeSeal, *clientv3.TxnResponse, error) {
 	const op = "seal"
 	if err := leasecore.CheckSeal(ctx, op, scope, to); err != nil {
@@ -73,63 +79,117 @@ func (f *Fence) Seal(ctx context.Context, scope, to string, reads ...clientv3.Op
 		}
 	}
 	floorKey, spaceKey, movedKey := f.layout.Floor(scope), f.layout.FloorSpace(scope), f.layout.Moved(scope)
-	for round := 1; ; round++ {
-		resp, err := f.kv.Txn(ctx).Then(append([]clientv3.Op{clientv3.OpGet(floorKey), clientv3.OpGet(spaceKey),
-			clientv3.OpGet(movedKey)}, reads...)...).Commit()
-		if err != nil {
-			return leasecore.ScopeSeal{}, nil, etcdkv.MapError(ctx, pkg, op, err)
-		}
-		floorKvs := resp.Responses[0].GetResponseRange().Kvs
-		floor, err := etcdkv.FloorOf(floorKvs)
+	n := len(reads)
+	pending := etcdkv.SealRecord{To: to, Pending: true, At: time.Now().UTC()}
+	resp, err := f.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.Version(movedKey), "=", 0)).
+		Then(append(reads[:n:n], clientv3.OpGet(spaceKey),
+			clientv3.OpPut(floorKey, etcdkv.EncodeToken(leasecore.SealedFloor), clientv3.WithPrevKV()),
+			clientv3.OpPut(movedKey, pending.Encode()))...).
+		Else(append(reads[:n:n], clientv3.OpGet(spaceKey), clientv3.OpGet(floorKey), clientv3.OpGet(movedKey))...).
+		Commit()
+	if err != nil {
+		return leasecore.ScopeSeal{}, nil, etcdkv.MapError(ctx, pkg, op, err)
+	}
+	spaceKvs := resp.Responses[n].GetResponseRange().Kvs
+	if !resp.Succeeded {
+		// Sealed before: the first seal's record (completed if it is
+		// pending), and the reads of this transaction, which saw the
+		// sealed floor.
+		floor, err := etcdkv.FloorOf(resp.Responses[n+1].GetResponseRange().Kvs)
 		if err != nil {
 			return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 		}
-		if moved := resp.Responses[2].GetResponseRange().Kvs; len(moved) > 0 {
-			// Sealed before: the first seal's record, and the reads of this
-			// read-only transaction, which saw the sealed floor.
-			s, err := f.sealOf(scope, floor, moved[0].Key, moved[0].Value)
-			if err != nil {
-				return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
-			}
-			if s.To != to {
-				return s, nil, &leasecore.ScopeMovedError{Op: op, Scope: scope, To: s.To, Floor: s.Floor}
-			}
-			return s, subResponse(resp, 3, len(reads)), nil
-		}
-		if floor == leasecore.SealedFloor {
-			return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: scope %q: the floor is the sealed floor but key %q holds no seal record: "+
-				"key %q was written outside the fence", pkg, op, scope, movedKey, floorKey)
-		}
-		s := leasecore.ScopeSeal{Scope: scope, To: to, Floor: floor}
-		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 && floor > 0 {
-			// The space belongs to the floor only when its token is the
-			// floor's (see Fence).
-			if t, space, err := etcdkv.DecodeFloorSpace(string(kvs[0].Value)); err == nil && t == floor {
-				s.Space = space
-			}
-		}
-		var mod int64 // 0: no floor key, which ModRevision compares as 0
-		if len(floorKvs) > 0 {
-			mod = floorKvs[0].ModRevision
-		}
-		then := append(append([]clientv3.Op(nil), reads...),
-			clientv3.OpPut(floorKey, etcdkv.EncodeToken(leasecore.SealedFloor)),
-			clientv3.OpPut(movedKey, etcdkv.NewSealRecord(s).Encode()))
-		sealed, err := f.kv.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(floorKey), "=", mod), clientv3.Compare(clientv3.Version(movedKey), "=", 0)).
-			Then(then...).
-			Commit()
+		moved := resp.Responses[n+2].GetResponseRange().Kvs[0]
+		s, err := f.sealOf(scope, floor, moved.Key, moved.Value)
 		if err != nil {
-			return leasecore.ScopeSeal{}, nil, etcdkv.MapError(ctx, pkg, op, err)
+			return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
 		}
-		if sealed.Succeeded {
-			return s, subResponse(sealed, 0, len(reads)), nil
+		if rec, _ := etcdkv.DecodeSeal(string(moved.Key), moved.Value); rec.Pending {
+			if s, err = f.completePendingSeal(ctx, op, scope, rec, moved.CreateRevision); err != nil {
+				return leasecore.ScopeSeal{}, nil, err
+			}
 		}
-		if round == maxSealRounds {
-			return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: scope %q: its floor moved between the read and the seal %d times in a row: %w",
-				pkg, op, scope, round, leasecore.ErrUnavailable)
+		if s.To != to {
+			return s, nil, &leasecore.ScopeMovedError{Op: op, Scope: scope, To: s.To, Floor: s.Floor}
+		}
+		return s, subResponse(resp, 0, n), nil
+	}
+	var prev []*mvccpb.KeyValue
+	if kv := resp.Responses[n+1].GetResponsePut().GetPrevKv(); kv != nil {
+		prev = []*mvccpb.KeyValue{kv}
+	}
+	s, err := sealFrom(scope, to, prev, spaceKvs)
+	if err != nil {
+		// The floor was written outside the fence; the scope is sealed
+		// all the same (the safe side), its record pending.
+		return leasecore.ScopeSeal{}, nil, fmt.Errorf("%s: %s: %w", pkg, op, err)
+	}
+	if err := f.completeSeal(ctx, op, s, resp.Header.Revision); err != nil {
+		return leasecore.ScopeSeal{}, nil, err
+	}
+	return s, subResponse(resp, 0, n), nil
+}
+
+// sealFrom is the seal of scope to to, given the floor key and the
+// floorspace key as they were just before the seal (no kv when missing).
+func sealFrom(scope, to string, floorKvs, spaceKvs []*mvccpb.KeyValue) (leasecore.ScopeSeal, error) {
+	floor, err := etcdkv.FloorOf(floorKvs)
+	if err != nil {
+		return leasecore.ScopeSeal{}, err
+	}
+	if floor == leasecore.SealedFloor {
+		return leasecore.ScopeSeal{}, fmt.Errorf("scope %q: the floor was the sealed floor before the seal, with no seal record: "+
+			"key %q was written outside the fence", scope, floorKvs[0].Key)
+	}
+	s := leasecore.ScopeSeal{Scope: scope, To: to, Floor: floor}
+	if len(spaceKvs) > 0 && floor > 0 {
+		// The space belongs to the floor only when its token is the
+		// floor's (see Fence).
+		if t, space, err := etcdkv.DecodeFloorSpace(string(spaceKvs[0].Value)); err == nil && t == floor {
+			s.Space = space
 		}
 	}
+	return s, nil
+}
+
+// completeSeal replaces the pending record the seal at revision rev put
+// with the record of s. A record changed since (another Seal completed it,
+// from the same floor) is left as it is.
+func (f *Fence) completeSeal(ctx context.Context, op string, s leasecore.ScopeSeal, rev int64) error {
+	movedKey := f.layout.Moved(s.Scope)
+	_, err := f.kv.Txn(ctx).
+		If(clientv3.Compare(clientv3.ModRevision(movedKey), "=", rev)).
+		Then(clientv3.OpPut(movedKey, etcdkv.NewSealRecord(s).Encode())).
+		Commit()
+	if err != nil {
+		return fmt.Errorf("%s: %s: scope %q is sealed, its record not yet completed (call Seal again): %w",
+			pkg, op, s.Scope, etcdkv.MapError(ctx, pkg, op, err))
+	}
+	return nil
+}
+
+// completePendingSeal completes the pending record rec of a seal of scope
+// made at revision rev, whose sealer stopped before it completed it: the
+// floor it replaced is the floor key's value at rev-1.
+func (f *Fence) completePendingSeal(ctx context.Context, op, scope string, rec etcdkv.SealRecord, rev int64) (leasecore.ScopeSeal, error) {
+	floorResp, err := f.kv.Get(ctx, f.layout.Floor(scope), clientv3.WithRev(rev-1))
+	if err == nil {
+		var spaceResp *clientv3.GetResponse
+		if spaceResp, err = f.kv.Get(ctx, f.layout.FloorSpace(scope), clientv3.WithRev(rev-1)); err == nil {
+			s, err := sealFrom(scope, rec.To, floorResp.Kvs, spaceResp.Kvs)
+			if err != nil {
+				return leasecore.ScopeSeal{}, fmt.Errorf("%s: %s: %w", pkg, op, err)
+			}
+			return s, f.completeSeal(ctx, op, s, rev)
+		}
+	}
+	if errors.Is(err, rpctypes.ErrCompacted) {
+		return leasecore.ScopeSeal{}, fmt.Errorf("%s: %s: scope %q was sealed at revision %d, its record left pending, and the floor's value "+
+			"before that revision was compacted away: install it with a floor at least every token issued here (the lease store's TokenCeiling)",
+			pkg, op, scope, rev)
+	}
+	return leasecore.ScopeSeal{}, etcdkv.MapError(ctx, pkg, op, err)
 }
 
 // sealOf decodes the seal record of scope, whose floor is floor.

@@ -6,13 +6,16 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
+	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -118,6 +121,7 @@ func TestMoveScope(t *testing.T) {
 	t.Run("token space", func(t *testing.T) { moveTokenSpace(t, srv) })
 	t.Run("never fenced", func(t *testing.T) { moveNeverFenced(t, srv) })
 	t.Run("concurrent advances", func(t *testing.T) { moveConcurrentAdvances(t, srv) })
+	t.Run("pending record", func(t *testing.T) { movePendingRecord(t, srv) })
 	t.Run("bad input", func(t *testing.T) { moveBadInput(t, srv) })
 }
 
@@ -272,19 +276,14 @@ func moveNeverFenced(t *testing.T, srv *etcdtemp.Server) {
 	}
 }
 
-// moveConcurrentAdvances: holders advance the floor with growing tokens
-// while the scope is sealed. The seal carries the floor as it was when the
-// seal applied: every advance accepted before it is at most the seal's
-// floor, the largest of them is the seal's floor, and every advance after
-// it is rejected as moved.
-//
-// Seal compares the floor's revision with the one it read, and gives up
-// with ErrUnavailable after 100 rounds lost in a row; a round is lost only
-// when an accepted advance lands between its read and its compare. So the
-// advancers make at most advancesEach advances each, 80 in all: however
-// they interleave, they cannot make the seal lose 100 rounds. (Unbounded,
-// four advancers in a loop made it lose them all once, on a loaded
-// machine: a starvation test, not this one.)
+// moveConcurrentAdvances: holders advance the floor with growing tokens,
+// without pause and without bound, while the scope is sealed, and two more
+// re-advance one token over and over (each a put of the floor). The seal's
+// compare is on its own record, never on the floor, so no interleaving can
+// make it fail: it returns in its two requests. The seal carries the floor
+// as it was when the seal applied: every advance accepted before it is at
+// most the seal's floor, the largest of them is the seal's floor, and
+// every advance after it is rejected as moved.
 func moveConcurrentAdvances(t *testing.T, srv *etcdtemp.Server) {
 	old, _ := moveSides(t, srv)
 	ctx := context.Background()
@@ -296,42 +295,51 @@ func moveConcurrentAdvances(t *testing.T, srv *etcdtemp.Server) {
 		accepted []leasecore.Token
 		wg       sync.WaitGroup
 		next     = leasecore.Token(1)
-		stop     = make(chan struct{})
+		rounds   atomic.Int64
 	)
-	const advancesEach = 20
+	advance := func(w string, tok leasecore.Token) bool {
+		res, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "busy", Writer: w, Token: tok})
+		rounds.Add(1)
+		switch {
+		case res.Accepted:
+			mu.Lock()
+			accepted = append(accepted, tok)
+			mu.Unlock()
+		case res.Floor == leasecore.SealedFloor:
+			if !errors.Is(err, leasecore.ErrScopeMoved) {
+				t.Errorf("advance %d after the seal: %v", tok, err)
+			}
+			return false
+		case err != nil:
+			t.Errorf("advance %d: %v", tok, err)
+			return false
+		}
+		return true
+	}
 	for w := range 4 {
 		wg.Go(func() {
-			for range advancesEach {
-				select {
-				case <-stop:
-					return
-				default:
-				}
+			for {
 				mu.Lock()
 				next++
 				tok := next
 				mu.Unlock()
-				res, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "busy", Writer: fmt.Sprintf("w%d", w), Token: tok})
-				switch {
-				case res.Accepted:
-					mu.Lock()
-					accepted = append(accepted, tok)
-					mu.Unlock()
-				case res.Floor == leasecore.SealedFloor:
-					if !errors.Is(err, leasecore.ErrScopeMoved) {
-						t.Errorf("advance %d after the seal: %v", tok, err)
-					}
-					return
-				case err != nil:
-					t.Errorf("advance %d: %v", tok, err)
+				if !advance(fmt.Sprintf("w%d", w), tok) {
 					return
 				}
 			}
 		})
 	}
+	for w := range 2 {
+		wg.Go(func() {
+			for advance(fmt.Sprintf("same%d", w), 1) {
+			}
+		})
+	}
+	for rounds.Load() < 50 { // the advancers are under way
+		time.Sleep(time.Millisecond)
+	}
 	seal, _, err := old.fence.Seal(ctx, "busy", destCluster)
-	close(stop)
-	wg.Wait()
+	wg.Wait() // every advancer stops at the sealed floor
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -342,7 +350,55 @@ func moveConcurrentAdvances(t *testing.T, srv *etcdtemp.Server) {
 	if seal.Floor != largest {
 		t.Errorf("seal floor %d, want %d, the largest of the %d advances accepted", seal.Floor, largest, len(accepted))
 	}
-	t.Logf("%d advances accepted before the seal, the largest %d", len(accepted), largest)
+	t.Logf("%d advances accepted, %d tried; the seal's floor %d", len(accepted), rounds.Load(), seal.Floor)
+}
+
+// movePendingRecord: a sealer that stopped between its two requests left
+// the scope sealed and its record pending (no floor: the seal's put
+// replaced it unread). Seal again completes the record from the floor's
+// value just before the seal's revision, and returns that floor; so does
+// a later rejection's ScopeMovedError.
+func movePendingRecord(t *testing.T, srv *etcdtemp.Server) {
+	old, _ := moveSides(t, srv)
+	ctx := context.Background()
+	if res, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "halfway", Writer: "w", Token: 7}); err != nil || !res.Accepted {
+		t.Fatalf("advance: %+v, %v", res, err)
+	}
+	layout, err := etcdkv.NewLayout("test", etcdkv.Options{Prefix: old.prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := etcdkv.SealRecord{To: destCluster, Pending: true, At: time.Now().UTC()}
+	// The seal's first request, as Seal sends it, and no second.
+	if _, err = old.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.Version(layout.Moved("halfway")), "=", 0)).
+		Then(clientv3.OpPut(layout.Floor("halfway"), etcdkv.EncodeToken(leasecore.SealedFloor)),
+			clientv3.OpPut(layout.Moved("halfway"), pending.Encode())).
+		Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "halfway", Writer: "w", Token: 8}); !errors.Is(err, leasecore.ErrScopeMoved) {
+		t.Fatalf("advance of a sealed scope: %v, want ErrScopeMoved", err)
+	}
+	seal, _, err := old.fence.Seal(ctx, "halfway", destCluster)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (leasecore.ScopeSeal{Scope: "halfway", To: destCluster, Floor: 7}); seal != want {
+		t.Errorf("seal %+v, want %+v", seal, want)
+	}
+	resp, err := old.cli.Get(ctx, layout.Moved("halfway"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := etcdkv.DecodeSeal(string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+	if err != nil || rec.Pending || rec.Floor != 7 {
+		t.Errorf("record after the second Seal: %+v, %v; want complete with floor 7", rec, err)
+	}
+	var moved *leasecore.ScopeMovedError
+	if _, err := old.fence.Advance(ctx, leasecore.Claim{Scope: "halfway", Writer: "w", Token: 9}); !errors.As(err, &moved) || moved.Floor != 7 {
+		t.Errorf("advance after the record was completed: %v, want a ScopeMovedError with floor 7", err)
+	}
 }
 
 // moveBadInput: bad input to Seal and Install is an *ArgError naming the

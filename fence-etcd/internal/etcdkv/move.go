@@ -17,10 +17,17 @@ func (l Layout) Moved(scope string) string { return l.key("moved", scope) }
 
 // SealRecord is the value of a Moved key: where the scope went, and its
 // floor and that floor's token space when it was sealed.
+//
+// The sealing transaction cannot know the floor it replaces (it reads it
+// in the same step), so it writes a record with Pending set and no floor;
+// a second transaction completes it from what the first one read. A
+// pending record found later (the sealer stopped between the two) is
+// completed from the floor's value just before the seal's revision.
 type SealRecord struct {
-	To    string `json:"to"`
-	Floor uint64 `json:"floor"`
-	Space string `json:"space,omitempty"`
+	To      string `json:"to"`
+	Floor   uint64 `json:"floor"`
+	Space   string `json:"space,omitempty"`
+	Pending bool   `json:"pending,omitempty"`
 	// At is the sealer's clock when it built the request: etcd stores no
 	// time of its own. For operators reading the key.
 	At time.Time `json:"at"`
