@@ -24,10 +24,17 @@ const cleanupParallel = 32
 //
 // With WithSharedLeases every name of the batch is put with the holder's
 // one shared etcd lease of ttl (granted or refreshed first when needed, as
-// for Acquire: see sharedLease), MaxTxnOps names per transaction:
+// for Acquire: see sharedLease), 126 names (MaxTxnOps-2) per transaction:
 //
 //	If(CreateRevision(key_1) == 0, ..., CreateRevision(key_n) == 0).
-//	Then(Put(key_1, holder, WithLease(id)), ..., Put(key_n, holder, WithLease(id)))
+//	Then(Put(key_1, holder, WithLease(id)), ..., Put(key_n, holder, WithLease(id)),
+//	     Txn(If(ModRevision(gen) == seen) Then(Put(gen, WithLease(id))) Else(Put(gen, WithLease(id)))))
+//
+// The last operation rewrites the holder's generation key of the shared
+// lease (see RenewAll's fast path): the store then knows every name the
+// transaction created as verified, and the holder's first RenewAll of them
+// reads one key and sends one keep-alive, with no write — renewals do not
+// queue behind acquires on a cluster whose writes are saturated.
 //
 // A transaction creates all its keys or none. When it succeeds, each of its
 // names is granted with the transaction's revision as token — the create
@@ -78,8 +85,8 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 	}
 
 	sl := s.sharedFor(holder, ttl)
-	for lo := 0; lo < len(names); lo += MaxTxnOps {
-		hi := min(lo+MaxTxnOps, len(names))
+	for lo := 0; lo < len(names); lo += acquireAllChunk {
+		hi := min(lo+acquireAllChunk, len(names))
 		put, err := s.putAllShared(ctx, op, sl, names[lo:hi], holder, ttl, grants[lo:hi])
 		if err != nil {
 			s.giveBack(ctx, grants[:lo], errs[:lo])
@@ -94,7 +101,13 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 	return grants, errs, nil
 }
 
-// putAllShared is AcquireAll's transaction for names (at most MaxTxnOps):
+// acquireAllChunk is the most names one AcquireAll transaction puts: with
+// the nested transaction of the generation key (acquireGen), the
+// transaction holds one operation more, and etcd allows a nested
+// transaction only MaxTxnOps minus the operations of the one it is in.
+const acquireAllChunk = MaxTxnOps - 2
+
+// putAllShared is AcquireAll's transaction for names (at most acquireAllChunk):
 // put every key with the shared lease of sl if none exists. put reports
 // whether it did; then grants (len(names)) holds the grants. An error is
 // AcquireAll's err: the keys the transaction may have created are deleted
@@ -112,10 +125,12 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 		if err != nil {
 			return false, err
 		}
-		puts := make([]clientv3.Op, len(names))
+		puts := make([]clientv3.Op, len(names), len(names)+1)
 		for i, key := range keys {
 			puts[i] = clientv3.OpPut(key, holder, clientv3.WithLease(id))
 		}
+		gen := s.acquireGen(sl, id, holder)
+		puts = append(puts, gen.op)
 		// Every key this store created with id has a create revision up to
 		// here: the cleanup below must not delete one of those.
 		before := s.lastRev.Load()
@@ -147,6 +162,7 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 			grants[i] = leasecore.Grant{Name: name, Holder: holder, Token: leasecore.Token(resp.Header.Revision), TTL: ttl,
 				Start: refreshed, Space: tokenSpace(resp.Header)}
 		}
+		s.acquiredGen(gen, names, resp)
 		return true, nil
 	}
 }

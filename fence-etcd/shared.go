@@ -333,6 +333,65 @@ func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id cli
 		Commit()
 }
 
+// acquireGenOp is the operation on the holder's generation key of its
+// shared lease in a shared-mode AcquireAll's transaction (see acquireGen),
+// and what the store knew when it was made.
+type acquireGenOp struct {
+	op     clientv3.Op
+	sl     *sharedLease
+	id     clientv3.LeaseID
+	genRev int64 // the generation key's mod revision as last seen, or 0
+}
+
+// acquireGen returns the operation an AcquireAll on sl's etcd lease id runs
+// beside its puts, in the same transaction: a put of the holder's
+// generation key of id, in a nested transaction whose compare says whether
+// the key still had the revision the store last saw. The keys the
+// transaction creates are then verified at its revision (acquiredGen), and
+// the holder's first RenewAll of them takes the fast path (one read, one
+// keep-alive) instead of the full check, whose first transaction writes
+// that key. That write is what made renewals queue behind acquires when a
+// cluster's writes were saturated (docs/capacity.md): with it here, a
+// renewal never writes.
+func (s *LeaseStore) acquireGen(sl *sharedLease, id clientv3.LeaseID, holder string) acquireGenOp {
+	s.mu.Lock()
+	genRev := int64(0)
+	if sl.id == id {
+		genRev = sl.ver.genRev
+	}
+	s.mu.Unlock()
+	gen := s.layout.HolderGen(holder, int64(id))
+	put := clientv3.OpPut(gen, "", clientv3.WithLease(id))
+	same := clientv3.Compare(clientv3.ModRevision(gen), "=", genRev)
+	return acquireGenOp{
+		op: clientv3.OpTxn([]clientv3.Cmp{same}, []clientv3.Op{put}, []clientv3.Op{put}),
+		sl: sl, id: id, genRev: genRev,
+	}
+}
+
+// acquiredGen updates what the store verified after an AcquireAll whose
+// transaction resp (succeeded) ran gen.op last: names are verified at the
+// transaction's revision, the generation key's new mod revision; so are the
+// names verified before, when the key still had the revision they were
+// verified at (nothing of the holder's on the lease was removed between).
+func (s *LeaseStore) acquiredGen(gen acquireGenOp, names []string, resp *clientv3.TxnResponse) {
+	same := resp.Responses[len(resp.Responses)-1].GetResponseTxn().GetSucceeded()
+	rev := resp.Header.Revision
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sl := gen.sl
+	if sl.id != gen.id {
+		return
+	}
+	if !same || gen.genRev == 0 || sl.ver.genRev != gen.genRev || sl.ver.names == nil {
+		sl.ver = verified{genRev: rev, names: make(map[string]leasecore.Token, len(names))}
+	}
+	sl.ver.genRev = rev
+	for _, name := range names {
+		sl.ver.names[name] = leasecore.Token(rev)
+	}
+}
+
 // releaseGenOp is the operation on the holder's generation keys in a
 // shared-mode Release's transaction (see releaseGen), and what the store
 // knew when it was made.

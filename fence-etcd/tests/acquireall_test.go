@@ -27,8 +27,13 @@ func allNames(prefix string, n int) []string {
 	return names
 }
 
+// acquireAllChunk is the names one shared-mode AcquireAll transaction puts
+// (its godoc): MaxTxnOps less the generation key's nested transaction and
+// the one operation etcd wants free beside a nested transaction.
+const acquireAllChunk = fenceetcd.MaxTxnOps - 2
+
 // TestAcquireAllShared: with shared leases, 300 new names cost one Grant of
-// the shared lease and three transactions (MaxTxnOps names each). The names
+// the shared lease and three transactions (acquireAllChunk names each). The names
 // of one transaction share its revision as token, each key's create
 // revision; tokens grow from one transaction to the next; every key hangs
 // on the one shared lease; each grant is what Acquire gives (apart from
@@ -58,11 +63,11 @@ func TestAcquireAllShared(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("%s: %v", names[i], errs[i])
 		}
-		chunkFirst := gs[i/fenceetcd.MaxTxnOps*fenceetcd.MaxTxnOps]
+		chunkFirst := gs[i/acquireAllChunk*acquireAllChunk]
 		if g.Name != names[i] || g.Token != chunkFirst.Token {
 			t.Fatalf("grant %d: %+v, want %s with its transaction's token %d", i, g, names[i], chunkFirst.Token)
 		}
-		if i >= fenceetcd.MaxTxnOps && i%fenceetcd.MaxTxnOps == 0 && g.Token <= gs[i-1].Token {
+		if i >= acquireAllChunk && i%acquireAllChunk == 0 && g.Token <= gs[i-1].Token {
 			t.Fatalf("transaction of %s: token %d after %d", g.Name, g.Token, gs[i-1].Token)
 		}
 		if g.Holder != single.Holder || g.TTL != single.TTL || g.Space != single.Space || !g.Start.Equal(single.Start) {
@@ -83,8 +88,8 @@ func TestAcquireAllShared(t *testing.T) {
 	if single.Token <= gs[299].Token {
 		t.Fatalf("single's token %d, the last batch's %d", single.Token, gs[299].Token)
 	}
-	if got := f.attached(t, id); got != 301 {
-		t.Fatalf("the shared lease carries %d keys, want 301", got)
+	if got := f.attached(t, id); got != 302 {
+		t.Fatalf("the shared lease carries %d keys, want 302: the 301 names and the holder's generation key", got)
 	}
 	// The grants are Acquire's: RenewAll renews them all, Release ends one.
 	renewed, lost, err := s.RenewAll(ctx, gs)
@@ -133,9 +138,9 @@ func TestAcquireAllSharedMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first transaction's names: four, two of them held, and 124 new
+	// The first transaction's names: four, two of them held, and 122 new
 	// ones; the second's: 10 new ones.
-	names := append([]string{"new-a", "held-other", "released", "held-own"}, allNames("slow", fenceetcd.MaxTxnOps-4)...)
+	names := append([]string{"new-a", "held-other", "released", "held-own"}, allNames("slow", acquireAllChunk-4)...)
 	names = append(names, allNames("fast", 10)...)
 	rc.take()
 	gs, errs, err := s.AcquireAll(ctx, names, "holder-a", ttl)
@@ -146,8 +151,8 @@ func TestAcquireAllSharedMixed(t *testing.T) {
 	// Txn (failed), then name by name for the first transaction's names
 	// (an Acquire that is refused reads the holder), then the second
 	// transaction.
-	if got := strings.Count(calls, "Txn"); got != 1+fenceetcd.MaxTxnOps+1 {
-		t.Fatalf("calls %q: %d Txn, want %d", calls, got, 1+fenceetcd.MaxTxnOps+1)
+	if got := strings.Count(calls, "Txn"); got != 1+acquireAllChunk+1 {
+		t.Fatalf("calls %q: %d Txn, want %d", calls, got, 1+acquireAllChunk+1)
 	}
 	for i, n := range names {
 		switch n {
@@ -168,10 +173,10 @@ func TestAcquireAllSharedMixed(t *testing.T) {
 	if gs[0].Token == gs[2].Token {
 		t.Fatalf("new-a and released, acquired one by one, share token %d", gs[0].Token)
 	}
-	second := gs[fenceetcd.MaxTxnOps:]
-	if second[0].Token != second[len(second)-1].Token || second[0].Token <= gs[fenceetcd.MaxTxnOps-1].Token {
+	second := gs[acquireAllChunk:]
+	if second[0].Token != second[len(second)-1].Token || second[0].Token <= gs[acquireAllChunk-1].Token {
 		t.Fatalf("the second transaction's tokens %d..%d, after %d", second[0].Token, second[len(second)-1].Token,
-			gs[fenceetcd.MaxTxnOps-1].Token)
+			gs[acquireAllChunk-1].Token)
 	}
 	for n, want := range map[string]leasecore.Grant{"held-own": own, "held-other": theirs} {
 		st, err := s.Inspect(ctx, n)

@@ -130,6 +130,53 @@ func TestRenewAllFastPathOneGetOneKeepAlive(t *testing.T) {
 	renewAllCalls(t, s, rc, gs[10:20], "LeaseKeepAlive Range", nil)
 }
 
+// TestRenewAllFastAfterAcquireAll: AcquireAll's transactions rewrite the
+// holder's generation key, so the store knows the names it created as
+// verified: the holder's first RenewAll of them is already on the fast
+// path (one Range, one keep-alive), with no write. Renewals that write
+// queue behind acquires on a cluster whose writes are saturated, which is
+// what lost most of a million leases on 3 members (docs/capacity.md).
+// After a release through another store (which deletes the generation
+// keys) the next RenewAll runs the full check again and finds the name
+// gone.
+func TestRenewAllFastAfterAcquireAll(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	const ttl = 5 * time.Second
+	names := allNames("batch", 300) // three transactions
+	gs, errs, err := s.AcquireAll(context.Background(), names, "holder-a", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range errs {
+		if e != nil {
+			t.Fatalf("%s: %v", names[i], e)
+		}
+	}
+	id := f.leaseOf(t, gs[0].Name)
+	if got := f.attached(t, id); got != len(gs)+1 {
+		t.Errorf("etcd lease %x carries %d keys, want the %d names and the generation key", id, got, len(gs))
+	}
+	gs = renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
+	gs = renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
+
+	// A second AcquireAll of the holder keeps the first one's names
+	// verified (the generation key had the revision the store saw).
+	more, _, err := s.AcquireAll(context.Background(), allNames("more", 5), "holder-a", ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs = renewAllCalls(t, s, rc, append(gs, more...), "LeaseKeepAlive Range", nil)
+
+	other := sharedStore(t, f, f.cli)
+	if err := other.Release(context.Background(), gs[7]); err != nil {
+		t.Fatal(err)
+	}
+	renewAllCalls(t, s, rc, gs, "", map[int]string{7: "no such lease (expired or released)"})
+}
+
 // TestRenewAllFastPathMissesRawDelete shows the documented limitation, and
 // with it that the fast path reads no name's key: a key deleted by hand
 // (a raw delete, not Release or TakeOver) is still reported renewed, until
