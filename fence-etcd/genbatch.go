@@ -35,6 +35,11 @@ type genReader struct {
 	// quorum check, and the keep-alive that follows the read goes to the
 	// leader anyway. A read that fails there is sent again through kv.
 	leader func() (clientv3.KV, bool)
+	// reopen, when set, is leader after opening a stream when there is
+	// none: a read that failed on the leader's KV (its stream ended under
+	// it, after a new term) is sent once more to the new leader's, and
+	// only without one through kv.
+	reopen func(context.Context) (clientv3.KV, bool)
 
 	mu      sync.Mutex
 	queue   []*genRead
@@ -131,11 +136,19 @@ func (b *genReader) run(batch []*genRead) {
 			kv = lkv
 		}
 	}
+	retryKV := func() clientv3.KV {
+		if b.reopen != nil {
+			if lkv, ok := b.reopen(ctx); ok && lkv != kv {
+				return lkv
+			}
+		}
+		return b.kv
+	}
 	if len(waiting) == 1 {
 		get := func(kv clientv3.KV) (*clientv3.GetResponse, error) { return kv.Get(ctx, waiting[0].key) }
 		resp, err := get(kv)
 		if err != nil && kv != b.kv && ctx.Err() == nil {
-			resp, err = get(b.kv)
+			resp, err = get(retryKV())
 		}
 		if err != nil {
 			waiting[0].done <- genResult{err: err}
@@ -151,7 +164,7 @@ func (b *genReader) run(batch []*genRead) {
 	txn := func(kv clientv3.KV) (*clientv3.TxnResponse, error) { return kv.Txn(ctx).Then(ops...).Commit() }
 	resp, err := txn(kv)
 	if err != nil && kv != b.kv && ctx.Err() == nil {
-		resp, err = txn(b.kv)
+		resp, err = txn(retryKV())
 	}
 	for i, r := range waiting {
 		if err != nil {

@@ -60,8 +60,8 @@ const retryPause = 20 * time.Millisecond
 // errKeepAlivesClosed is the error of a keep-alive after Close.
 var errKeepAlivesClosed = errors.New("keep-alive stream closed")
 
-// errRetired ends a retired stream; a call that finds it so is sent again
-// on the new stream (it is Unavailable).
+// errRetired ends a stream that answered with a new raft term; a call
+// that finds it so is sent again on a new stream (it is Unavailable).
 var errRetired = status.Error(codes.Unavailable, "keep-alive stream retired after a new raft term")
 
 // statusTimeout bounds the leader lookup before a stream opens.
@@ -82,38 +82,45 @@ type leaderConn struct {
 // false with one endpoint (its member leads, or forwards anyway), or when
 // no endpoint names a leader that is one of the endpoints; the stream then
 // goes on the client's own connection, as before.
+//
+// It asks every endpoint's Status at once and takes the first answer of a
+// member that says it leads: a member that answers slowly or not at all
+// (stopped, overloaded, cut off) delays the stream only when no other
+// answer names the leader, and then by statusTimeout at most. Every
+// keep-alive of the store waits for its stream, so this wait is theirs.
 func (k *keepAliver) leaderConn(ctx context.Context) (leaderConn, bool) {
 	eps := k.cli.Endpoints()
 	if len(eps) < 2 {
 		return leaderConn{}, false
 	}
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
-	defer cancel()
+	defer cancel() // the slower lookups stop here
 	type answer struct {
-		ep     string
-		member uint64
-		leader uint64
-		term   uint64
+		ep   string
+		lead bool
+		term uint64
 	}
-	answers := make([]answer, len(eps))
-	var wg sync.WaitGroup
-	for i, ep := range eps {
-		wg.Go(func() {
+	answers := make(chan answer, len(eps)) // buffered: no lookup waits for a reader that left
+	for _, ep := range eps {
+		go func() {
 			resp, err := k.cli.Status(ctx, ep)
-			if err == nil && resp.Header != nil {
-				answers[i] = answer{ep, resp.Header.MemberId, resp.Leader, resp.RaftTerm}
+			a := answer{ep: ep}
+			if err == nil && resp.Header != nil && resp.Header.MemberId != 0 {
+				a.lead, a.term = resp.Header.MemberId == resp.Leader, resp.RaftTerm
 			}
-		})
+			answers <- a
+		}()
 	}
-	wg.Wait()
-	for _, a := range answers {
-		if a.ep != "" && a.member != 0 && a.member == a.leader {
-			conn, err := k.cli.Dial(a.ep)
-			if err != nil {
-				return leaderConn{}, false
-			}
-			return leaderConn{conn: conn, term: a.term}, true
+	for range eps {
+		a := <-answers
+		if !a.lead {
+			continue
 		}
+		conn, err := k.cli.Dial(a.ep)
+		if err != nil {
+			return leaderConn{}, false
+		}
+		return leaderConn{conn: conn, term: a.term}, true
 	}
 	return leaderConn{}, false
 }
@@ -140,7 +147,6 @@ type kaStream struct {
 	mu      sync.Mutex
 	pending []*kaCall // sent, unanswered, oldest first
 	broken  error     // set once; then pending is empty and nothing is queued
-	retired bool      // no longer the current stream; ends when pending drains
 	used    bool      // a keep-alive was sent since the idle timer last fired
 	idle    *time.Timer
 }
@@ -289,6 +295,19 @@ func (k *keepAliver) leaderKV() (clientv3.KV, bool) {
 	return st.leaderKV, true
 }
 
+// openLeaderKV is leaderKV after opening a stream when there is none
+// (bounded by ctx): a read that failed on the connection of a stream that
+// ended — retired after a new term, its connection closed under the read
+// — goes to the new leader, where the keep-alives go, not through the
+// client's balancer, which may pick a member that no longer answers.
+func (k *keepAliver) openLeaderKV(ctx context.Context) (clientv3.KV, bool) {
+	st, err := k.stream(ctx)
+	if err != nil || st.leaderKV == nil {
+		return nil, false
+	}
+	return st.leaderKV, true
+}
+
 // stream returns the open stream, opening one when there is none.
 func (k *keepAliver) stream(ctx context.Context) (*kaStream, error) {
 	k.mu.Lock()
@@ -370,27 +389,22 @@ func (k *keepAliver) run(st *kaStream) {
 		c := st.pending[0]
 		st.pending[0] = nil
 		st.pending = st.pending[1:]
-		if st.term != 0 && resp.Header.GetRaftTerm() > st.term && !st.retired {
-			// A new term: the member the stream was opened on may no
-			// longer lead (a follower forwards each renewal to the
-			// leader). New keep-alives go on a new stream, to the
-			// leader found then; this one ends when its calls in
-			// flight are answered.
-			st.retired = true
-			k.mu.Lock()
-			if k.cur == st {
-				k.cur = nil
-			}
-			k.mu.Unlock()
-		}
-		drained := st.retired && len(st.pending) == 0
 		st.mu.Unlock()
 		if resp.TTL <= 0 {
 			c.done <- rpctypes.ErrLeaseNotFound
 		} else {
 			c.done <- nil
 		}
-		if drained {
+		if st.term != 0 && resp.Header.GetRaftTerm() > st.term {
+			// A new term: the member the stream was opened on may no
+			// longer lead (a follower forwards each renewal to the
+			// leader, and a read there waits for a read index from it,
+			// which stalls while the leadership moves: seen 0.5-1.3 s).
+			// The stream ends now, its connection with it: the calls
+			// in flight are sent again on a new stream, to the leader
+			// found then (errRetired is Unavailable), and the reads in
+			// flight on the connection fail and go there too (see
+			// genReader.reopen).
 			k.breakStream(st, errRetired)
 			return
 		}

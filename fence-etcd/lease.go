@@ -111,7 +111,7 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 		// Reads on a connection of the store's own reach the same keys
 		// only when cli.KV is the client's own KV, not a wrapper (such as
 		// namespace.NewKV) that rewrites them.
-		s.gens.leader = s.ka.leaderKV
+		s.gens.leader, s.gens.reopen = s.ka.leaderKV, s.ka.openLeaderKV
 	}
 	if s.shared {
 		s.pool = make(map[sharedKey]*sharedLease)

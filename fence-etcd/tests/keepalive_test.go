@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -175,4 +176,115 @@ func TestKeepAliveStreamToLeader(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// TestKeepAliveStoppedMemberAndLeaderChange: a holder's renewals on a
+// 3-member cluster keep within their interval (TTL/3, leasecore's default)
+// while one follower is stopped (SIGSTOP: it holds its connections open
+// and answers nothing, Status included):
+//
+//   - a store's first renewal opens its keep-alive stream after a Status
+//     of every endpoint, to find the leader: the first member that answers
+//     that it leads is taken, and the stopped one is not waited for (it
+//     used to be, for 2 s: longer than the interval of a 3 s TTL);
+//   - the leadership moves between the two live members: the first answer
+//     of the new term ends the stream, and the renewals go on at the new
+//     leader. etcd itself stalls them around the move (a renewal sent to
+//     the old leader is forwarded once the new one's lessor is primary,
+//     seen 1.3-1.4 s here), so this holder has a 15 s TTL (interval 5 s).
+//
+// Each RenewAll runs under a context of its interval and must return with
+// every name renewed.
+func TestKeepAliveStoppedMemberAndLeaderChange(t *testing.T) {
+	c := etcdtemp.StartClusterTB(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eps := c.Endpoints()
+	live, stopped := (leader+1)%len(eps), (leader+2)%len(eps)
+	rc := &rpcCounter{}
+	// The stopped member first: the Status lookups ask every endpoint at
+	// once, whatever the order.
+	cli := dialWith(t, []string{eps[stopped], eps[leader], eps[live]}, grpc.WithChainStreamInterceptor(rc.streams))
+	st, err := cli.Status(ctx, eps[live])
+	if err != nil {
+		t.Fatal(err)
+	}
+	liveID := st.Header.MemberId
+
+	// Two holders, each on a store of its own, acquire before the stop.
+	// Their renewals read nothing through the client's balancer (which may
+	// pick the stopped member): the generation key is read on the keep-alive
+	// stream's connection to the leader.
+	type holder struct {
+		s        *fenceetcd.LeaseStore
+		gs       []leasecore.Grant
+		interval time.Duration
+	}
+	newHolder := func(name string, ttl time.Duration) *holder {
+		s, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(etcdtest.Prefix()), fenceetcd.WithSharedLeases())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Close() })
+		gs, _, err := s.AcquireAll(ctx, []string{"a", "b", "c"}, name, ttl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &holder{s: s, gs: gs, interval: ttl / 3}
+	}
+	renew := func(h *holder, what string) time.Duration {
+		t.Helper()
+		rctx, rcancel := context.WithTimeout(ctx, h.interval)
+		defer rcancel()
+		start := time.Now()
+		renewed, lost, err := h.s.RenewAll(rctx, h.gs)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatalf("%s: RenewAll after %v: %v; want renewed within the renew interval %v", what, took, err, h.interval)
+		}
+		for i, l := range lost {
+			if l != nil {
+				t.Fatalf("%s: %s lost: %v", what, h.gs[i].Name, l)
+			}
+		}
+		h.gs = renewed
+		return took
+	}
+	long := newHolder("holder-long", 15*time.Second)
+	short := newHolder("holder-short", 3*time.Second)
+	renew(long, "before the stop") // its stream opens now
+
+	pid := c.PID(stopped)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = syscall.Kill(pid, syscall.SIGCONT) }()
+	renew(long, "with a member stopped")
+	opened := renew(short, "a stream opened with a member stopped")
+	renew(short, "again")
+
+	lcli := etcdtest.Dial(t, []string{eps[leader]})
+	if _, err := lcli.MoveLeader(ctx, liveID); err != nil {
+		t.Fatal(err)
+	}
+	var slowest time.Duration
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		slowest = max(slowest, renew(long, "after the leadership moved"))
+		if rc.lastKeepAliveMember() == liveID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("keep-alives still answered by member %x 30 s after the leadership moved to %x", rc.lastKeepAliveMember(), liveID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for range 3 {
+		slowest = max(slowest, renew(long, "on the new leader's stream"))
+	}
+	t.Logf("one member stopped: a renewal that opened a stream took %v (interval %v); the slowest across the move %v (interval %v)",
+		opened, short.interval, slowest, long.interval)
 }
