@@ -63,8 +63,11 @@ const cleanupParallel = 32
 // then the caller holds none of the names: the keys of a transaction whose
 // outcome is unknown are deleted again if it created them (unputIfOurs, as
 // Acquire does), and the names this call granted before the failure are
-// released, both best effort within cleanupTimeout; a key either cleanup
-// missed lapses with the shared lease when the holder stops renewing.
+// released, both best effort, under ctx while it lasts and then in the
+// background for up to 2 seconds (see Acquire), so the call itself returns
+// when ctx ends; a later Acquire or AcquireAll of one of those names through
+// this store waits for its clean-up first. A key either clean-up missed
+// lapses with the shared lease when the holder stops renewing.
 func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []leasecore.Grant, errs []error, err error) {
 	const op = "acquire all"
 	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
@@ -120,6 +123,11 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 		keys[i] = s.layout.Lease(name)
 		cmps[i] = clientv3.Compare(clientv3.CreateRevision(keys[i]), "=", 0)
 	}
+	// Clean-ups of earlier failed acquires of these names by this store may
+	// still run: they must not find our keys (see unputIfOurs).
+	if err := s.awaitCleanup(ctx, op, keys...); err != nil {
+		return false, err
+	}
 	for retried := false; ; retried = true {
 		id, refreshed, err := s.sharedLease(ctx, op, sl, ttl)
 		if err != nil {
@@ -150,7 +158,11 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 			// The transaction may have been applied: its keys would be
 			// held by this holder, who does not know it, and kept alive by
 			// every renewal of the holder's other names. Delete them again.
-			inParallel(len(keys), cleanupParallel, func(i int) { s.unputIfOurs(ctx, keys[i], holder, id, before) })
+			steps := make([]cleanupStep, len(keys))
+			for i, key := range keys {
+				steps[i] = s.unputIfOurs(key, holder, id, before)
+			}
+			s.cleanUp(ctx, steps)
 			return false, etcdkv.MapError(ctx, pkg, op, err)
 		case !resp.Succeeded:
 			return false, nil // some key exists: name by name
@@ -168,16 +180,24 @@ func (s *LeaseStore) putAllShared(ctx context.Context, op string, sl *sharedLeas
 }
 
 // giveBack releases, best effort, the grants of a failed AcquireAll (those
-// whose errs entry is nil), within cleanupTimeout and not under ctx's
-// cancellation: ctx is often why the call failed.
+// whose errs entry is nil): under ctx while it lasts, the rest in the
+// background within cleanupTimeout (see cleanUp), their names pending until
+// then, so a later acquire of one of them through the store waits for its
+// release instead of finding it held.
 func (s *LeaseStore) giveBack(ctx context.Context, grants []leasecore.Grant, errs []error) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	inParallel(len(grants), cleanupParallel, func(i int) {
-		if errs[i] == nil && grants[i].Token != 0 {
-			_ = s.Release(rctx, grants[i])
+	var steps []cleanupStep
+	for i, g := range grants {
+		if errs[i] == nil && g.Token != 0 {
+			steps = append(steps, cleanupStep{key: s.layout.Lease(g.Name), run: func(ctx context.Context) error {
+				err := s.Release(ctx, g)
+				if errors.Is(err, leasecore.ErrLost) {
+					return nil // released already (by an earlier try of this step), or expired
+				}
+				return err
+			}})
 		}
-	})
+	}
+	s.cleanUp(ctx, steps)
 }
 
 // inParallel runs f(0), ..., f(n-1), at most limit at once, and returns

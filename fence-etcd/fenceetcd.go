@@ -121,6 +121,36 @@
 // The client's defaults wait for a connection rather than fail while the
 // server is unreachable: pass a context with a deadline.
 //
+// # Deadlines
+//
+// Every method that takes a context returns when the context ends, within
+// the time the client needs to notice (TestDeadlineEtcd measures each one
+// against a server stopped with SIGSTOP, before the call or between two of
+// its requests, and requires 50 ms), with an error wrapping the context's
+// error — or with the outcome it had already reached: a refused Acquire
+// stays a refusal, a Release whose best-effort revoke hangs returns nil.
+// Every request a method waits for is sent under its context, and nothing
+// retries past it; the store's keep-alive stream, which Renew, RenewAll and
+// shared-mode Acquire share, is opened in the background, and each caller
+// waits for it only until its own context ends. Best-effort clean-up after a
+// failure (the revoke of an acquire's etcd lease, the delete of a key whose
+// transaction's answer was lost, the release of the names a failed
+// AcquireAll granted) runs under the context while it lasts and otherwise
+// in the background, for at most 2 seconds, tracked by the LeaseStore:
+// Close waits for it, and a later Acquire or AcquireAll of the same name
+// through the store waits for its clean-up first (see Acquire). Outbox.Relay
+// deletes a delivered entry under the context too: an entry whose delete the
+// context left no time for is delivered again. LeaseStore.Close takes no
+// context and is bounded by 2 seconds.
+//
+// One limit remains: keep-alives go out one at a time on that shared
+// stream, and a send blocks, ignoring the caller's context, once gRPC's
+// flow-control window toward a server that stopped reading is full; the
+// keep-alives queued behind it wait too. Measured against a stopped server,
+// 5,000 concurrent fast-path RenewAll calls on one store returned within
+// 40-48 ms of their deadline, 10,000 only when the server resumed, 3 s
+// later.
+//
 // This package depends on etcd's client only, never on its server.
 package fenceetcd
 

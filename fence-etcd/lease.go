@@ -72,9 +72,10 @@ type LeaseStore struct {
 	layout  etcdkv.Layout
 	shared  bool // WithSharedLeases
 
-	mu     sync.Mutex
-	closed bool                       // Close was called
-	pool   map[sharedKey]*sharedLease // shared mode: the etcd lease of each (holder, ttl)
+	mu       sync.Mutex
+	closed   bool                       // Close was called
+	pool     map[sharedKey]*sharedLease // shared mode: the etcd lease of each (holder, ttl)
+	cleanups cleanups                   // best-effort clean-ups still running (see cleanUp)
 	// lastRev is the largest revision of a successful shared-mode acquire
 	// (see unputIfOurs).
 	lastRev atomic.Int64
@@ -86,11 +87,6 @@ var (
 	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
 	_ leasecore.Waiter         = (*LeaseStore)(nil)
 )
-
-// cleanupTimeout bounds the best-effort revoke of an etcd lease that holds
-// no key any more (see Acquire and Release). The lease expires on its own
-// after its TTL, so waiting long for an unreachable server gains nothing.
-const cleanupTimeout = 2 * time.Second
 
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
 // set by WithPrefix, sharing one etcd lease per holder with
@@ -156,6 +152,18 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // was sent, when it may have been applied, deletes the key again if it
 // carries this holder and the shared lease (best effort), so no name is held
 // without the holder knowing — and kept alive by its other names' renewals.
+//
+// Clean-up never makes Acquire late. The revoke of a refused or failed
+// acquire's etcd lease, and the delete of a key whose transaction's answer
+// was lost, run under ctx while ctx lasts (the usual case: the round trips
+// of the table in the package doc); when ctx has ended — often the reason
+// the acquire failed — they continue in a goroutine of the store, bounded
+// by 2 seconds, that Close waits for, and Acquire returns at once. Until
+// such a delete has run, a later Acquire or AcquireAll of the same name
+// through this store waits for it (bounded by its own ctx), so it cannot
+// delete the key of that later acquire. A clean-up the server does not
+// answer in time is dropped: the etcd lease expires after its TTL (in
+// shared mode, when the holder stops renewing its names).
 //
 // After Close, Acquire returns an error wrapping ErrStoreClosed.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
@@ -255,14 +263,6 @@ func heldBy(kv *mvccpb.KeyValue) string {
 	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.CreateRevision)
 }
 
-// revoke revokes an etcd lease, best effort: ctx may be why we are
-// cleaning up, so it is not used for the deadline.
-func (s *LeaseStore) revoke(ctx context.Context, id clientv3.LeaseID) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_, _ = s.leases.Revoke(ctx, id)
-}
-
 // Renew implements leasecore.Lease in two requests: a Get of the lease's
 // key, which must exist with create revision g.Token and value g.Holder,
 // then KeepAliveOnce of the etcd lease the key is attached to, which resets
@@ -316,9 +316,10 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // once with a larger token; then it revokes the etcd lease the deleted key
 // was attached to (read from the delete's previous value, not by a separate
 // Get), best effort: the key is already gone, and a lease with no key holds
-// nothing and expires on its own. When the compare fails, a separate Get
-// says why (no Else branch, for the reason given on Acquire); the refusal
-// was decided by the transaction. Released twice, after expiry or
+// nothing and expires on its own (the revoke runs under ctx, and in the
+// background when ctx has ended, as Acquire's clean-up). When the compare
+// fails, a separate Get says why (no Else branch, for the reason given on
+// Acquire); the refusal was decided by the transaction. Released twice, after expiry or
 // after a take-over it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost and changes nothing.
 //

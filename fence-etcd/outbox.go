@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -128,11 +127,6 @@ func (o *Outbox) Op(c leasecore.Claim, topic string, payload []byte) (clientv3.O
 		[]clientv3.Op{clientv3.OpPut(o.layout.OutboxKey(rec), rec.Encode(payload))}, nil), nil
 }
 
-// deleteTimeout bounds the delete of an acknowledged entry, which runs even
-// when ctx ended right after the downstream acknowledged: skipping it would
-// only cause a redelivery, but there is no reason to cause one.
-const deleteTimeout = 10 * time.Second
-
 // Relay delivers the pending entries, oldest (lowest Seq) first, in the
 // caller's goroutine: for each it calls deliver and, when deliver returns
 // nil, deletes the entry's key (one request). It returns the number of
@@ -141,7 +135,8 @@ const deleteTimeout = 10 * time.Second
 // later one stay pending, so order is kept; the error wraps deliver's —
 // or when ctx ends (an error wrapping ctx's), and when a read or a delete
 // fails (ErrUnavailable, ...). Call it again, in a loop with a pause, to
-// keep relaying.
+// keep relaying. ctx bounds the delete too: an entry whose delete ctx left
+// no time for stays pending and is delivered again (with the same ID).
 //
 // deliver must return nil only once the downstream has acknowledged the
 // entry: accepted it, or recognised it as a duplicate (its ID) or as
@@ -167,11 +162,11 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 			if err := deliver(ctx, e); err != nil {
 				return n, fmt.Errorf("%s: %s: deliver entry %s (seq %d, scope %q, token %d): %w", pkg, op, e.ID, e.Seq, e.Scope, e.Token, err)
 			}
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
-			_, err := o.kv.Delete(dctx, p.key)
-			cancel()
-			if err != nil {
-				return n, etcdkv.MapError(ctx, pkg, op+": delete the delivered entry", err)
+			// Under ctx, like every request of Relay: when ctx ends right
+			// after the downstream acknowledged, the entry stays pending
+			// and is delivered again, with the same ID, by the next relay.
+			if _, err := o.kv.Delete(ctx, p.key); err != nil {
+				return n, etcdkv.MapError(ctx, pkg, op+": delete the delivered entry (it stays pending and is delivered again)", err)
 			}
 			n++
 		}

@@ -250,6 +250,11 @@ func (s *LeaseStore) sharedLease(ctx context.Context, op string, sl *sharedLease
 func (s *LeaseStore) acquireShared(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	const op = "acquire"
 	key := s.layout.Lease(name)
+	// A clean-up of an earlier failed acquire of the name by this store
+	// may still run: it must not find our key (see unputIfOurs).
+	if err := s.awaitCleanup(ctx, op, key); err != nil {
+		return leasecore.Grant{}, err
+	}
 	sl := s.sharedFor(holder, ttl)
 	for retried := false; ; retried = true {
 		id, refreshed, err := s.sharedLease(ctx, op, sl, ttl)
@@ -275,7 +280,7 @@ func (s *LeaseStore) acquireShared(ctx context.Context, name, holder string, ttl
 			// The transaction may have been applied. Its key would then be
 			// held by this holder, who does not know it, and kept alive by
 			// every renewal of the holder's other names: delete it again.
-			s.unputIfOurs(ctx, key, holder, id, before)
+			s.cleanUp(ctx, []cleanupStep{s.unputIfOurs(key, holder, id, before)})
 			return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 		case !resp.Succeeded:
 			// Held. The shared lease stays, for the holder's other names
@@ -310,27 +315,30 @@ func (s *LeaseStore) noteRev(rev int64) {
 	}
 }
 
-// unputIfOurs deletes key, best effort, if an acquire whose answer was lost
-// created it: the key holds holder, is attached to shared lease id, and was
-// created after revision before — later than every key this store's
-// earlier acquires created with id, so a name the holder already held is
-// left alone (only a concurrent acquire of the same name by the same holder
-// on this store could be mistaken for ours). ctx may be why we are
-// cleaning up, so it is not used for the deadline.
+// unputIfOurs is the clean-up step (see cleanUp) that deletes key if an
+// acquire whose answer was lost created it: the key holds holder, is
+// attached to shared lease id, and was created after revision before —
+// later than every key this store's earlier acquires created with id, so a
+// name the holder already held is left alone. Only an acquire of the same
+// name by the same holder on this store could be mistaken for ours: one
+// running concurrently with the failed one, or one after it while the step
+// still runs in the background — which cleanUp rules out, as such an
+// acquire waits for the step first (awaitCleanup).
 //
 // Unlike Release and TakeOver it leaves the holder's generation keys alone
 // (see RenewAll): the key's token, its create revision, was never returned
 // to anyone — the acquire that made it failed — so no grant of it exists
 // for a RenewAll to have verified, and no store remembers it.
-func (s *LeaseStore) unputIfOurs(ctx context.Context, key, holder string, id clientv3.LeaseID, before int64) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	_, _ = s.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.Value(key), "=", holder),
-			clientv3.Compare(clientv3.LeaseValue(key), "=", id),
-			clientv3.Compare(clientv3.CreateRevision(key), ">", before)).
-		Then(clientv3.OpDelete(key)).
-		Commit()
+func (s *LeaseStore) unputIfOurs(key, holder string, id clientv3.LeaseID, before int64) cleanupStep {
+	return cleanupStep{key: key, run: func(ctx context.Context) error {
+		_, err := s.kv.Txn(ctx).
+			If(clientv3.Compare(clientv3.Value(key), "=", holder),
+				clientv3.Compare(clientv3.LeaseValue(key), "=", id),
+				clientv3.Compare(clientv3.CreateRevision(key), ">", before)).
+			Then(clientv3.OpDelete(key)).
+			Commit()
+		return err
+	}}
 }
 
 // acquireGenOp is the operation on the holder's generation key of its
@@ -480,7 +488,12 @@ const closeParallel = 16
 // not revoke expires after its TTL. Close returns the errors of failed
 // revocations (a lease already expired is not one). A lease the store
 // replaced because it had not been refreshed for a whole TTL is not revoked:
-// by the local clock it has expired already.
+// by the local clock it has expired already. Close also waits for the
+// store's clean-ups still running in the background (a failed call's
+// best-effort revoke or delete that its context left no time for, each
+// bounded by 2 seconds from when its call failed: see Acquire), so no
+// goroutine of the store outlives Close, and Close still returns within
+// about 2 seconds.
 //
 // After Close, Acquire fails with an error wrapping ErrStoreClosed; Renew,
 // RenewAll, Release and Inspect keep working (in shared mode they find the
@@ -502,6 +515,9 @@ func (s *LeaseStore) Close() error {
 		}
 	}
 	s.mu.Unlock()
+	// No clean-up starts in the background from now on (cleanUp checks
+	// closed); those running end within cleanupTimeout of their start.
+	defer s.waitCleanups()
 	s.ka.close() // later keep-alives (Renew after Close) open a stream each
 	if len(ids) == 0 {
 		return nil

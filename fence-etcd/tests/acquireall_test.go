@@ -314,7 +314,11 @@ func TestAcquireAllLostAnswer(t *testing.T) {
 
 // TestAcquireAllGivesBack: a call that fails after a transaction of it
 // succeeded (here ctx ends right after the first one answered) gives back
-// the names it granted: the caller holds none of them.
+// the names it granted: the caller holds none of them. Its ctx has ended,
+// so the call returns at once and the releases run in the background
+// (bounded by 2 s): the names are free soon after, and an acquire of one
+// of them through the same store waits for its release instead of finding
+// it held.
 func TestAcquireAllGivesBack(t *testing.T) {
 	f := newFixture(t)
 	var cancelAfterTxn atomic.Pointer[context.CancelFunc]
@@ -344,6 +348,17 @@ func TestAcquireAllGivesBack(t *testing.T) {
 	gs, errs, err := s.AcquireAll(ctx, names, "holder-a", time.Minute)
 	if !errors.Is(err, context.Canceled) || gs != nil || errs != nil {
 		t.Fatalf("AcquireAll with ctx ended after its first transaction: %v, %v; want a call error wrapping context.Canceled", gs, err)
+	}
+	// The acquire waits for the release of names[0] the failed call left
+	// running, then finds the name free.
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	g, err := s.Acquire(actx, names[0], "holder-b", time.Minute)
+	if err != nil {
+		t.Fatalf("acquire of a name the failed call gave back: %v", err)
+	}
+	if err := s.Release(actx, g); err != nil {
+		t.Fatal(err)
 	}
 	for _, n := range []string{names[0], names[fenceetcd.MaxTxnOps-1], names[fenceetcd.MaxTxnOps], names[len(names)-1]} {
 		if v, _, ok := f.get(t, f.layout(t).Lease(n)); ok {

@@ -130,7 +130,9 @@ func TestOutboxInFencedTxn(t *testing.T) {
 // TestOutboxRelay: entries are delivered in revision order across scopes
 // and deleted only after deliver returned nil (still pending while deliver
 // runs); an error stops the relay and keeps that entry and the later ones;
-// a cancelled context stops it after the acknowledged entry is deleted.
+// a context cancelled during a delivery stops it, and the entry it could
+// not delete any more (ctx bounds the delete too) stays pending and is
+// delivered again by the next relay, with the same ID.
 func TestOutboxRelay(t *testing.T) {
 	f := newFixture(t)
 	fe, o := f.newFence(t), f.newOutbox(t)
@@ -160,13 +162,21 @@ func TestOutboxRelay(t *testing.T) {
 	wantList(t, "delivered", got, "p0", "p1", "p2")
 	wantList(t, "pending after the failed delivery", pendingOf(t, o), "s2/w/7/p3", "s1/w/7/p4")
 	cctx, cancel := context.WithCancel(ctx)
-	n, err = o.Relay(cctx, func(context.Context, leasecore.OutboxEntry) error { cancel(); return nil })
-	if n != 1 || !errors.Is(err, context.Canceled) {
+	var cancelledID string
+	n, err = o.Relay(cctx, func(_ context.Context, e leasecore.OutboxEntry) error { cancelledID = e.ID; cancel(); return nil })
+	if n != 0 || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled relay: n=%d err=%v", n, err)
 	}
-	wantList(t, "pending after the cancelled relay", pendingOf(t, o), "s1/w/7/p4")
-	if n, err := o.Relay(ctx, func(context.Context, leasecore.OutboxEntry) error { return nil }); n != 1 || err != nil {
+	wantList(t, "pending after the cancelled relay", pendingOf(t, o), "s2/w/7/p3", "s1/w/7/p4")
+	var again []string
+	if n, err := o.Relay(ctx, func(_ context.Context, e leasecore.OutboxEntry) error {
+		again = append(again, e.ID)
+		return nil
+	}); n != 2 || err != nil {
 		t.Fatalf("last relay: %d %v", n, err)
+	}
+	if len(again) != 2 || again[0] != cancelledID {
+		t.Fatalf("last relay delivered %v, want %s (the entry whose delete the cancelled relay skipped) first", again, cancelledID)
 	}
 	wantList(t, "pending at the end", pendingOf(t, o))
 }
