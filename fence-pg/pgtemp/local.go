@@ -30,6 +30,8 @@ type server struct {
 	logf    func(format string, args ...any)
 	// settings are WithSetting's parameters, passed after ours on every start.
 	settings []setting
+	// ssl is WithSSL's: the server refuses TCP connections without SSL, so pgtemp's own use it.
+	ssl bool
 
 	proc *postmaster // nil while down (after a failed restart, after shutdown)
 }
@@ -91,6 +93,9 @@ func startLocal(ctx context.Context, cfg config, logf func(string, ...any)) (*se
 		return nil, serverInfo{}, err
 	}
 	if err := s.initdb(ctx); err != nil {
+		return nil, serverInfo{}, err
+	}
+	if err := s.configureSecurity(cfg); err != nil {
 		return nil, serverInfo{}, err
 	}
 	info, err := s.startOnPort(ctx, cfg.port)

@@ -23,6 +23,9 @@
 //   - Local, otherwise: a cluster is created with initdb from local PostgreSQL server binaries
 //     and run as a child process on a loopback port. Without binaries, Start fails with
 //     [ErrNoBinaries]; it does not switch to Docker by itself.
+//
+// [WithSSL] and [WithPasswordAuth] start a local cluster that requires SSL and passwords, for
+// tests of a client's security settings (docs/security.md).
 package pgtemp
 
 import (
@@ -86,6 +89,10 @@ type config struct {
 	// docker and dockerImage are WithDocker's (docker_options.go).
 	docker      bool
 	dockerImage string
+
+	// ssl and passwordAuth are WithSSL's and WithPasswordAuth's (security.go).
+	ssl          *sslFiles
+	passwordAuth bool
 }
 
 // setting is one server parameter given with WithSetting.
@@ -139,6 +146,7 @@ type Cluster struct {
 	port       int
 	version    string
 	versionNum int
+	ssl        bool // WithSSL: DSN asks for sslmode=require
 
 	// Exactly one of local, external and docker is set.
 	local    *server
@@ -177,6 +185,11 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtemp: WithSetting(%q): not a parameter name: %w", st.name, ErrInvalidOption)
 		}
 	}
+	if cfg.ssl != nil {
+		if err := cfg.ssl.load(); err != nil {
+			return nil, err
+		}
+	}
 
 	useDocker, image, err := cfg.dockerChoice()
 	if err != nil {
@@ -185,6 +198,9 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 
 	c := &Cluster{log: cfg.log}
 	if useDocker {
+		if err := cfg.refuseSecurity("the Docker provider"); err != nil {
+			return nil, err
+		}
 		// Not under startTimeout yet: pulling an image may take longer; startDocker applies it
 		// to the start proper.
 		d, info, err := startDocker(ctx, cfg, image, c.logf)
@@ -204,6 +220,9 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 			return nil, fmt.Errorf("pgtemp: WithSetting(%q) needs a cluster pgtemp starts, not %s: %w",
 				cfg.settings[0].name, envURL, ErrNotSupported)
 		}
+		if err := cfg.refuseSecurity(envURL); err != nil {
+			return nil, err
+		}
 		ext, info, err := startExternal(ctx, raw, c.logf)
 		if err != nil {
 			return nil, err
@@ -220,6 +239,7 @@ func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
 	}
 	c.local = s
 	c.host, c.port = loopback, s.port
+	c.ssl = cfg.ssl != nil
 	c.version, c.versionNum = info.version, info.versionNum
 	return c, nil
 }
@@ -262,8 +282,9 @@ func (c *Cluster) Port() int { return c.port }
 func (c *Cluster) Host() string { return c.host }
 
 // DSN returns a URL connecting as the superuser to the given database, such as
-// "postgres://postgres@127.0.0.1:5433/res26?sslmode=disable". Both pgx and lib/pq accept it.
-// For an external server it is LEASEFENCE_PG_URL with the database replaced.
+// "postgres://postgres@127.0.0.1:5433/res26?sslmode=disable" (sslmode=require with WithSSL).
+// Both pgx and lib/pq accept it. For an external server it is LEASEFENCE_PG_URL with the
+// database replaced.
 func (c *Cluster) DSN(database string) string {
 	if c.external != nil {
 		return c.external.dsn(database)
@@ -273,7 +294,7 @@ func (c *Cluster) DSN(database string) string {
 		User:     url.User(superuser),
 		Host:     loopback + ":" + strconv.Itoa(c.port),
 		Path:     "/" + database,
-		RawQuery: "sslmode=disable",
+		RawQuery: "sslmode=" + sslMode(c.ssl),
 	}
 	return u.String()
 }

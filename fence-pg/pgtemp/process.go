@@ -109,7 +109,7 @@ func (s *server) spawn() (*postmaster, error) {
 // waitReady polls with real connections, not a port probe: during WAL recovery postgres
 // already listens but refuses sessions ("the database system is starting up").
 func (s *server) waitReady(ctx context.Context, p *postmaster) (serverInfo, time.Time, error) {
-	dsn := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", superuser, loopback, s.port, maintenanceDB)
+	dsn := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=%s", superuser, loopback, s.port, maintenanceDB, sslMode(s.ssl))
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	var lastErr error

@@ -114,6 +114,11 @@ func StartStandbyPair(ctx context.Context, synchronous bool, opts ...Option) (_ 
 			msg:      "pgtemp: StartStandbyPair: WithDocker: a standby pair runs local binaries only",
 		}
 	}
+	// The standby's pg_basebackup and its WAL stream would need the primary's pg_hba.conf
+	// to let them in.
+	if err := cfg.refuseSecurity("StartStandbyPair"); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, standbyStartTimeout)
 	defer cancel()
 	t0 := time.Now()
