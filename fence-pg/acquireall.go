@@ -44,12 +44,13 @@ var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
 //
 //   - with holder sessions every name of the batch is undone by the
 //     batch's acquire id, as Acquire undoes one name (see LeaseStore): at
-//     once, and before the holder's next calls through the store for a
-//     minute when that could not be done. Without it the holder's
-//     renewals of its other names would keep the names held for ever. A
-//     lost answer that database/sql answered by sending the statement
-//     again (lib/pq) is not an unknown outcome here: the second execution
-//     returns the names the first one attached as granted.
+//     once under ctx, and before the holder's next calls through the store
+//     for a minute when that could not be done (ctx had ended). Without
+//     it the holder's renewals of its other names would keep the names
+//     held for ever. A lost answer that database/sql answered by sending
+//     the statement again (lib/pq) is not an unknown outcome here: the
+//     second execution returns the names the first one attached as
+//     granted.
 //   - without holder sessions nothing is undone, exactly as Acquire undoes
 //     nothing: a name the statement may have inserted has token 1 and an
 //     expiry of its own, now() + ttl, that nobody renews (the caller has
@@ -120,11 +121,11 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 // undoBatch undoes, by the batch's acquire id, every name an AcquireAll
 // statement with holder sessions may have attached, when its outcome is
 // unknown: each name with the store's undo (as Acquire's), all of them
-// within one undoTimeout and not under ctx's cancellation (ctx is often why
-// the statement failed). A name whose undo could not run, or found nothing
-// while the statement may still commit, joins the store's pending undos,
-// tried again before the holder's next calls through the store (see
-// undoQueue).
+// within one undoTimeout and under ctx, like every statement of the call.
+// A name whose undo could not run (ctx had ended, as it often has: it is
+// often why the statement failed), or found nothing while the statement
+// may still commit, joins the store's pending undos, tried again before
+// the holder's next calls through the store (see undoQueue).
 //
 // The statement is one transaction: once one undo has ended a hold, the
 // statement has committed, and every name it inserted was visible to each
@@ -135,10 +136,10 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 // undo and that one.
 func (s *LeaseStore) undoBatch(ctx context.Context, names []string, holder string, id int64) {
 	until := time.Now().Add(undoGrace)
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), undoTimeout)
+	uctx, cancel := context.WithTimeout(ctx, undoTimeout)
 	defer cancel()
 	pending := make([]pendingUndo, 0, len(names))
-	failed, committed := false, false
+	failed, committed := ctx.Err() != nil, false
 	try := func(u pendingUndo) {
 		if failed {
 			pending = append(pending, u)

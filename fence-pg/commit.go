@@ -85,7 +85,7 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 	}
 	if floor < c.Token {
 		if floor, err = f.raisePgx(ctx, op, c, tx); err != nil {
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			rollback(ctx, tx)
 			conn.Release()
 			return leasecore.Result{}, err
 		}
@@ -116,7 +116,7 @@ func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pg
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()
 	if err := br.Close(); err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		rollback(ctx, tx)
 		conn.Release()
 		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -138,14 +138,13 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 	defer release()
 	defer func() {
 		if !finished {
-			// Not ctx: it may be why we are rolling back.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			rollback(ctx, tx)
 		}
 	}()
 	rejected := func(floor int64) (leasecore.Result, error) {
 		finished = true
 		f.seen.saw(c.Scope, leasecore.Token(floor))
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		rollback(ctx, tx)
 		// Give the connection back before logging: the log needs one of
 		// the pool's, and with every connection held by a rejected writer
 		// waiting for another the pool would never free one.
@@ -178,6 +177,15 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 	f.seen.saw(c.Scope, c.Token)
 	return f.accepted(op, c), nil
 }
+
+// rollback rolls tx back after a failure, under ctx like every round trip
+// of the call: a rollback detached from ctx would wait for as long as a
+// server that stopped answering takes, past the caller's deadline. When ctx
+// has ended (often why the transaction failed) pgx does not send the
+// ROLLBACK: it closes the connection, which the pool then discards, and the
+// server rolls the transaction back when it sees the connection close (a
+// server that is not answering, when it runs again).
+func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
 
 // queueCommitCheck queues RunTx's comparison that goes before COMMIT: the
 // guard (the floor must equal the token; RunTx raised it before fn ran)
@@ -479,7 +487,7 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 	b.Queue("begin")
 	err := tx.SendBatch(ctx, b).Close()
 	if err != nil {
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		rollback(ctx, tx)
 		if floor, ok := rejectedFloor(err); ok {
 			return f.outcome(ctx, op, c, floor)
 		}
@@ -487,7 +495,9 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 	}
 	// Committed. This ends the empty transaction the BEGIN opened; if it
 	// fails the connection is gone, which changes nothing that committed.
-	_ = tx.Commit(context.WithoutCancel(ctx))
+	// Under ctx, as every round trip of Commit: with ctx ended pgx closes
+	// the connection instead, and the server ends the empty transaction.
+	_ = tx.Commit(ctx)
 	f.seen.saw(c.Scope, c.Token)
 	return f.accepted(op, c), nil
 }

@@ -308,14 +308,13 @@ func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor
 // statement on the Fence's pool, after the check) and returns a
 // *leasecore.TokenSpaceError when the floor's space is known and another.
 // It returns nil for an ordinary rejection and for a claim without a space
-// (then nothing is read). Like logRejected it runs even when ctx ended, so
-// a caller that gives up right after the rejection still learns why.
+// (then nothing is read). Like logRejected it runs under ctx: when ctx has
+// ended, the rejection comes back with an error wrapping ctx's instead of
+// the diagnosis.
 func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) error {
 	if c.Space == "" {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	var (
 		floor int64
 		space string
@@ -330,15 +329,15 @@ func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) er
 	return leasecore.TokenSpaceMismatch(op, c, leasecore.Token(floor), space)
 }
 
-// logRejected records a rejected check in autocommit on the Fence's pool.
-// It runs even when ctx ended, so that a rejection is not lost because the
-// caller gave up right after it.
+// logRejected records a rejected check in autocommit on the Fence's pool,
+// under ctx like every statement of the call: a caller whose ctx ends right
+// after the rejection gets the rejection with an error wrapping ctx's, and
+// the attempt is not logged (a record written after the caller's deadline
+// would be the call outlasting it).
 func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, part string, floor leasecore.Token) error {
 	if f.cfg.log == leasecore.LogNone {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	_, err := f.db.Exec(ctx, f.stmt.logAttempt, c.Scope, part, c.Writer, int64(c.Token), false, int64(floor))
 	if err != nil {
 		return pgstore.MapError(ctx, pkg, op+": log the rejection", err)

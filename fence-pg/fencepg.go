@@ -54,6 +54,46 @@
 // on a new connection: an Acquire whose first execution committed returns
 // ErrHeld. pgx's native pool does not retry.
 //
+// # Deadlines
+//
+// On a *pgxpool.Pool, and on a *sql.DB with pgx's database/sql driver
+// (github.com/jackc/pgx/v5/stdlib, sql.Open("pgx", dsn)), every method that
+// takes a context returns when the context ends, within the time the
+// process needs to notice (TestDeadlinePg measures each one against a
+// server that stops answering — a proxy that holds every byte, before the
+// call or between two of its statements — and requires 50 ms), with an
+// error wrapping the context's error, or with the outcome it had already
+// reached (a rejection comes back as the Result, with the context's error
+// for its log record). pgx's default context watcher closes the socket
+// for it (a pgconn.CancelRequestContextWatcherHandler configured on the
+// pool waits up to its DeadlineDelay first). Every statement of a call,
+// clean-up included, runs under the call's context: the rollback of a
+// fenced transaction that failed (when the context has ended, pgx closes
+// the connection instead, and the server rolls the transaction back when
+// it sees it close), the log record of a rejection, the UNLISTEN after
+// WaitFree (a connection whose wait ended with the context is closed
+// instead), the mark of a delivered outbox entry (an entry not marked is
+// delivered again), and the undo of a holder-session acquire whose outcome
+// is unknown (when the context has ended, it waits for the holder's next
+// call through the store; see LeaseStore). A database/sql transaction is
+// bound to the context given to BeginTx, which bounds its COMMIT and
+// ROLLBACK: RunSQLTx passes its own; with CommitTx, begin the transaction
+// with the same context (or one that ends no later).
+//
+// lib/pq cannot honour a deadline against a server that stops answering (a
+// stopped process, a hung host, a network path that still acknowledges
+// TCP). When a context ends it sends the server a cancel request on a new
+// connection (watchCancel in its conn_go18.go) and returns only once the
+// server answers on the statement's own connection; BEGIN, COMMIT and
+// ROLLBACK, which database/sql sends without a context, are not cancelled
+// at all. So every call on a lib/pq pool — RunSQLTx, CommitTx, Migrate and
+// every statement of the stores — waits until the server answers again or
+// the kernel gives up on the TCP connection, whatever its context
+// (TestDeadlineLibpq: a call with a 300 ms deadline returned after 1 s,
+// when the held server answered again). No lib/pq setting changes that:
+// connect_timeout bounds only connecting. Where deadlines matter, use pgx's
+// database/sql driver with the same *sql.DB code, or a *pgxpool.Pool.
+//
 // Call Migrate on each store once before use; it is idempotent and safe to
 // run from several processes at once.
 package fencepg

@@ -69,8 +69,12 @@ import (
 //     renewals of its other names would otherwise keep that name held for
 //     ever. The undo ends the hold only if the name still hangs on a
 //     session by that very acquire (a random acquire id); it is tried at
-//     once and again before the holder's next calls through the store, for
-//     a minute, if it could not be done (see undoGrace).
+//     once, under the acquire's ctx while ctx lasts, and again before the
+//     holder's next calls through the store, under their ctx, for a minute,
+//     if it could not be done (see undoGrace). An acquire whose ctx has
+//     ended therefore returns at once: its undo waits for the holder's next
+//     Acquire, Renew or RenewAll through the store — the call whose renewal
+//     would otherwise keep the name held.
 //
 // Tokens are as without the mode: per name, +1 per grant in the same
 // durable commit, never reused, across session losses and server crashes

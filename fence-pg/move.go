@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
@@ -190,11 +189,9 @@ func (f *Fence) diagnose(ctx context.Context, op string, c leasecore.Claim, floo
 
 // movedError reads the seal's record of c.Scope (one statement on the
 // Fence's pool, after a rejection by the sealed floor) and returns the
-// *leasecore.ScopeMovedError it describes. Like spaceError it runs even
-// when ctx ended.
+// *leasecore.ScopeMovedError it describes. Like spaceError it runs under
+// ctx.
 func (f *Fence) movedError(ctx context.Context, op string, c leasecore.Claim) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
 	var (
 		floor int64
 		rec   string

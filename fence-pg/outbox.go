@@ -203,11 +203,6 @@ func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic st
 // relayPage is how many pending entries a relay reads at once.
 const relayPage = 100
 
-// markTimeout bounds the mark of an acknowledged delivery, which runs even
-// when ctx ended right after the downstream acknowledged: a mark skipped
-// would only cause a redelivery, but there is no reason to cause one.
-const markTimeout = 10 * time.Second
-
 // Relay delivers the pending entries, oldest (lowest seq) first, in the
 // caller's goroutine: for each it calls deliver and, when deliver returns
 // nil, marks the entry delivered (one durable statement; a mark another
@@ -217,7 +212,9 @@ const markTimeout = 10 * time.Second
 // and every later one stay pending, so order is kept; the error wraps
 // deliver's — or when ctx ends (an error wrapping ctx's), and when a read
 // or a mark fails (ErrUnavailable, ...). Call it again, in a loop with a
-// pause, to keep relaying.
+// pause, to keep relaying. ctx bounds the mark too: an entry whose mark the
+// context left no time for stays pending and is delivered again (with the
+// same ID).
 //
 // deliver must return nil only once the downstream has acknowledged the
 // entry: accepted it, or recognised it as a duplicate (its ID) or as
@@ -248,14 +245,15 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 			if err := deliver(ctx, e); err != nil {
 				return n, fmt.Errorf("%s: %s: deliver entry %s (seq %d, scope %q, token %d): %w", pkg, op, e.ID, e.Seq, e.Scope, e.Token, err)
 			}
-			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
-			err := pgstore.RetrySerialization(mctx, func() error {
-				_, err := o.db.Exec(mctx, o.stmt.mark, e.Seq)
+			// Under ctx, like every statement of Relay: when ctx ends right
+			// after the downstream acknowledged, the entry stays pending
+			// and is delivered again, with the same ID, by the next relay.
+			err := pgstore.RetrySerialization(ctx, func() error {
+				_, err := o.db.Exec(ctx, o.stmt.mark, e.Seq)
 				return err
 			})
-			cancel()
 			if err != nil {
-				return n, pgstore.MapError(ctx, pkg, op+": mark delivered", err)
+				return n, pgstore.MapError(ctx, pkg, op+": mark delivered (it stays pending and is delivered again)", err)
 			}
 			n++
 		}

@@ -194,8 +194,8 @@ func (r *Resource) run(ctx context.Context, op string, c leasecore.Claim, w leas
 	}
 	defer func() {
 		if err != nil {
-			// Not ctx: it may be why we are rolling back.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			// Under ctx, as commit.go's rollback says.
+			_ = tx.Rollback(ctx)
 		}
 	}()
 	floor, err := exec(tx)

@@ -67,10 +67,11 @@ func newSessionStatements(in func(string) string) sessionStatements {
 }
 
 // undoTimeout bounds one attempt to undo an acquire whose outcome is
-// unknown. The first attempt, right after the acquire failed, does not
-// inherit the acquire's ctx's cancellation (the caller may have given up
-// already: ctx is often why the acquire failed); a server that does not
-// answer within it gets more attempts later (see undoQueue).
+// unknown, besides the ctx it runs under. The first attempt runs right
+// after the acquire failed, under the acquire's ctx while it lasts (so the
+// acquire returns no later than its ctx allows); a server that does not
+// answer, and an acquire whose ctx had ended already (often why it
+// failed), leave the undo to later attempts (see undoQueue).
 const undoTimeout = 2 * time.Second
 
 // undoGrace is how long an acquire whose outcome is unknown is tried again
@@ -88,8 +89,9 @@ const undoGrace = time.Minute
 // outcome is unknown (the connection broke or ctx ended after the request
 // was sent), the grant, if it happened, is one the caller never gets, and
 // the holder's renewals of its other names would keep it held for ever:
-// it is undone at once, by its acquire id, and again later if that fails
-// (undoQueue). Such a failed acquire thus returns up to undoTimeout later.
+// it is undone at once, by its acquire id, under ctx while ctx lasts, and
+// again later if that fails or ctx had ended (undoQueue). Such a failed
+// acquire returns no later than its ctx allows.
 func (s *LeaseStore) acquireSession(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
 		return leasecore.Grant{}, err
@@ -99,12 +101,19 @@ func (s *LeaseStore) acquireSession(ctx context.Context, name, holder string, tt
 	g, err := pgstore.AcquireSession(ctx, s.db, s.sess.acquire, pkg, name, holder, ttl, MinTTL, id)
 	if pgstore.OutcomeUnknown(err) {
 		u := pendingUndo{name: name, holder: holder, id: id, until: time.Now().Add(undoGrace)}
-		// Not ctx's cancellation: ctx is often why the acquire failed.
-		if done, _ := s.undo(context.WithoutCancel(ctx), u); !done {
+		// Under ctx, which is often why the acquire failed: then the undo
+		// waits for the holder's next call through the store.
+		if done := ctx.Err() == nil && s.undone(ctx, u); !done {
 			s.undos.add(u)
 		}
 	}
 	return g, err
+}
+
+// undone runs one undo of u (see undo) and reports whether it ended a hold.
+func (s *LeaseStore) undone(ctx context.Context, u pendingUndo) bool {
+	done, _ := s.undo(ctx, u)
+	return done
 }
 
 // undo runs one undo of u, bounded by ctx and undoTimeout, and reports

@@ -31,9 +31,9 @@ const (
 	// remaining time, so that waiters that read the same expiry do not all
 	// acquire at the same instant.
 	waitSpread = 50 * time.Millisecond
-	// unlistenTimeout bounds the UNLISTEN after a wait: a connection that
-	// does not answer within it is closed instead of being returned to the
-	// pool.
+	// unlistenTimeout bounds the UNLISTEN after a wait (ctx bounds it
+	// too): a connection that does not answer within it is closed instead
+	// of being returned to the pool.
 	unlistenTimeout = 2 * time.Second
 )
 
@@ -49,7 +49,8 @@ const (
 // holding period's remaining time by the database clock plus up to 50 ms
 // of jitter (expiry sends no notification), or for ctx. Before the
 // connection goes back to the pool it UNLISTENs and drops notifications
-// received meanwhile; a connection that cannot be cleaned up is closed.
+// received meanwhile; a connection that cannot be cleaned up, or whose
+// wait ended with ctx (the UNLISTEN would have to outlast it), is closed.
 // Each waiting call therefore holds one connection of the pool: size the
 // pool for the campaigns that wait plus the sessions that renew.
 //
@@ -89,9 +90,12 @@ func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 		if reusable {
 			c.Release()
 		} else {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlistenTimeout)
-			_ = c.Hijack().Close(closeCtx)
+			// At once: a done context makes pgx close the socket without
+			// waiting for the server (its Terminate goes out if the
+			// socket takes it).
+			closeCtx, cancel := context.WithCancel(context.Background())
 			cancel()
+			_ = c.Hijack().Close(closeCtx)
 		}
 		return err
 	}
@@ -138,7 +142,13 @@ func (s *LeaseStore) waitOn(ctx context.Context, conn *pgx.Conn, name string) (r
 	}
 	err = s.waitListening(ctx, conn, name)
 
-	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), unlistenTimeout)
+	// Under ctx, like the wait itself: when ctx has ended (or ends now),
+	// the connection is closed instead of cleaned up, so the call never
+	// waits for a server that stopped answering.
+	if ctx.Err() != nil {
+		return false, err
+	}
+	uctx, cancel := context.WithTimeout(ctx, unlistenTimeout)
 	defer cancel()
 	if _, uerr := conn.PgConn().Exec(uctx, pgsql.Unlisten).ReadAll(); uerr != nil {
 		return false, err

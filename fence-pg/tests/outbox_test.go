@@ -270,17 +270,29 @@ func TestOutboxRelay(t *testing.T) {
 		wantStrings(t, "delivered", got, "p0", "p1", "p2")
 		wantStrings(t, "pending after the failed delivery", f.pending(t), "s2/w/7/p3", "s1/w/7/p4")
 
+		// The caller gives up right after the downstream acknowledged: the
+		// mark is under ctx too, so the entry stays pending and the next
+		// relay delivers it again, with the same ID.
 		cctx, cancel := context.WithCancel(ctx)
+		var cancelledID string
 		n, err = f.outbox.Relay(cctx, func(ctx context.Context, e leasecore.OutboxEntry) error {
-			cancel() // the caller gives up, right after the downstream acknowledged
+			cancelledID = e.ID
+			cancel()
 			return nil
 		})
-		if n != 1 || !errors.Is(err, context.Canceled) {
+		if n != 0 || !errors.Is(err, context.Canceled) {
 			t.Fatalf("relay with a cancelled context: n=%d err=%v", n, err)
 		}
-		wantStrings(t, "pending after the cancelled relay", f.pending(t), "s1/w/7/p4")
-		if n, err := f.outbox.Relay(ctx, func(context.Context, leasecore.OutboxEntry) error { return nil }); n != 1 || err != nil {
+		wantStrings(t, "pending after the cancelled relay", f.pending(t), "s2/w/7/p3", "s1/w/7/p4")
+		var again []string
+		if n, err := f.outbox.Relay(ctx, func(_ context.Context, e leasecore.OutboxEntry) error {
+			again = append(again, e.ID)
+			return nil
+		}); n != 2 || err != nil {
 			t.Fatalf("last relay: %d %v", n, err)
+		}
+		if len(again) != 2 || again[0] != cancelledID {
+			t.Fatalf("last relay delivered %v, want %s (the entry the cancelled relay could not mark) first", again, cancelledID)
 		}
 		wantStrings(t, "pending at the end", f.pending(t))
 		if n, err := f.outbox.Relay(ctx, func(context.Context, leasecore.OutboxEntry) error { return nil }); n != 0 || err != nil {

@@ -27,8 +27,11 @@ func Migrate(ctx context.Context, db dbx.DB, pkg, schema string) (err error) {
 	}
 	defer func() {
 		if err != nil {
-			// Not ctx: it may be the reason we are rolling back.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			// Under ctx: a rollback must not outlast the caller's
+			// deadline. With ctx ended pgx closes the connection
+			// instead, and the server rolls the transaction back (and
+			// releases MigrateLock) when it sees it close.
+			_ = tx.Rollback(ctx)
 		}
 	}()
 	// Without arguments both drivers send the simple query protocol, which
