@@ -126,6 +126,9 @@ func StartCluster(ctx context.Context, n int, opts ...Option) (*Cluster, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, &argError{err}
 	}
+	if cfg.tls != nil || cfg.auth {
+		return nil, &argError{errors.New("etcdtemp: StartCluster: WithClientTLS and WithAuth are for Start only (a cluster's members listen on 127.0.0.2 and up, and its Leader and Status clients speak plain HTTP without a user)")}
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, opError("StartCluster", err)
 	}

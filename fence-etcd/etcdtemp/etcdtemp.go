@@ -36,11 +36,15 @@
 // Durability stays at etcd's defaults: every acknowledged write has been fsynced to the WAL, which
 // is what F8 checks survives the kill.
 //
+// [WithClientTLS] and [WithAuth] start a server whose clients must use TLS (and, if asked, present
+// a certificate) and log in: for tests of a client's security settings (docs/security.md).
+//
 // etcdtemp needs a Unix system: it stops its children with signals.
 package etcdtemp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -104,6 +108,11 @@ type config struct {
 	election  time.Duration
 	log       io.Writer
 	args      []string
+
+	// WithClientTLS's and WithAuth's (security.go).
+	tls          *ClientTLS
+	auth         bool
+	rootPassword string
 }
 
 // WithHeartbeat sets etcd's heartbeat interval (--heartbeat-interval, the raft tick). The default
@@ -182,6 +191,13 @@ type Server struct {
 	version   string
 	memberID  uint64
 
+	// clientTLS is the TLS of etcdtemp's own clients (WithClientTLS), nil for plain HTTP;
+	// rootPassword is WithAuth's, and authOn is set once authentication is on (by Start,
+	// before it returns).
+	clientTLS    *tls.Config
+	rootPassword string
+	authOn       bool
+
 	// Set for a Cluster member only, fixed after StartCluster: the cluster's size, the URL the
 	// member announces (its proxy's), and its name, which starts its progress lines.
 	clusterSize      int
@@ -216,6 +232,10 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	clientTLS, err := cfg.validateSecurity()
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, opError("Start", err)
 	}
@@ -234,12 +254,14 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		tmp = abs
 	}
 	s := &Server{
-		log:     cfg.log,
-		exe:     exe,
-		args:    cfg.args,
-		tmpDir:  tmp,
-		dataDir: filepath.Join(tmp, "data"),
-		logPath: filepath.Join(tmp, "etcd.log"),
+		log:          cfg.log,
+		exe:          exe,
+		args:         cfg.args,
+		tmpDir:       tmp,
+		dataDir:      filepath.Join(tmp, "data"),
+		logPath:      filepath.Join(tmp, "etcd.log"),
+		clientTLS:    clientTLS,
+		rootPassword: cfg.rootPassword,
 	}
 	s.serve = serveConfig{
 		Name:    memberName,
@@ -254,9 +276,18 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		ElectionMs:   uint(cfg.election / time.Millisecond),
 		ParentPID:    os.Getpid(),
 	}
+	if t := cfg.tls; t != nil {
+		s.serve.TLS = &serveTLS{CertFile: t.CertFile, KeyFile: t.KeyFile, TrustedCAFile: t.TrustedCAFile, ClientCertAuth: t.ClientCertAuth}
+	}
 	if err := s.startFirst(ctx); err != nil {
 		s.discard()
 		return nil, err
+	}
+	if cfg.auth {
+		if err := s.enableAuth(ctx); err != nil {
+			s.discard()
+			return nil, err
+		}
 	}
 	return s, nil
 }
@@ -278,8 +309,9 @@ func StartTB(tb testing.TB, opts ...Option) *Server {
 	return s
 }
 
-// Endpoints returns the client URL, such as []string{"http://127.0.0.1:41234"}, for
-// clientv3.Config.Endpoints. It stays the same across KillRestart. The slice is the caller's.
+// Endpoints returns the client URL, such as []string{"http://127.0.0.1:41234"} ("https://..."
+// with WithClientTLS), for clientv3.Config.Endpoints. It stays the same across KillRestart. The
+// slice is the caller's.
 func (s *Server) Endpoints() []string { return []string{s.clientURL} }
 
 // DataDir returns the server's data directory. The server's output, etcd.log, is next to it.

@@ -18,7 +18,6 @@ import (
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 )
 
 // errPortInUse marks a start that failed because a port was taken between picking it and etcd
@@ -97,7 +96,7 @@ func (s *Server) startFirst(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		s.clientURL = "http://" + net.JoinHostPort(loopback, strconv.Itoa(clientPort))
+		s.clientURL = s.scheme() + "://" + net.JoinHostPort(loopback, strconv.Itoa(clientPort))
 		s.peerURL = "http://" + net.JoinHostPort(loopback, strconv.Itoa(peerPort))
 		s.serve.ClientURL, s.serve.PeerURL = s.clientURL, s.peerURL
 		_, err = s.startAndWait(ctx)
@@ -265,12 +264,7 @@ func (s *Server) probe(ctx context.Context, p *child, cli **clientv3.Client) (ti
 	conn.Close()
 
 	if *cli == nil {
-		c, err := clientv3.New(clientv3.Config{
-			Endpoints:   s.Endpoints(),
-			DialTimeout: time.Second,
-			// The client's default logger warns on every retry while etcd starts up.
-			Logger: zap.NewNop(),
-		})
+		c, err := clientv3.New(s.clientConfig())
 		if err != nil {
 			return time.Time{}, err
 		}

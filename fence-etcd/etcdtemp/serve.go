@@ -9,8 +9,12 @@ import (
 	"syscall"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
+
+// bcryptCost is etcd's --bcrypt-cost for every server: bcrypt.MinCost.
+const bcryptCost = 4
 
 // serveMarker starts the first line Serve writes. Its absence from a failed child's output tells
 // Start that the re-executed binary never called Serve.
@@ -36,6 +40,17 @@ type serveConfig struct {
 	// InitialCluster, when set, is etcd's --initial-cluster, every member of a new cluster as
 	// name=advertised peer URL; empty means a cluster of this member alone.
 	InitialCluster string `json:"initialCluster,omitempty"`
+
+	// TLS, when set, is the client port's TLS (WithClientTLS); ClientURL is then https.
+	TLS *serveTLS `json:"tls,omitempty"`
+}
+
+// serveTLS is etcd's --cert-file, --key-file, --trusted-ca-file and --client-cert-auth.
+type serveTLS struct {
+	CertFile       string `json:"certFile"`
+	KeyFile        string `json:"keyFile"`
+	TrustedCAFile  string `json:"trustedCAFile"`
+	ClientCertAuth bool   `json:"clientCertAuth"`
 }
 
 // IsServeProcess reports whether this process was started by etcdtemp to run a server, that is,
@@ -146,6 +161,19 @@ func (sc *serveConfig) embedConfig() (*embed.Config, error) {
 	cfg.InitialCluster = initialCluster
 	cfg.InitialClusterToken = sc.ClusterToken
 	cfg.ClusterState = sc.ClusterState
+	if t := sc.TLS; t != nil {
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile:       t.CertFile,
+			KeyFile:        t.KeyFile,
+			TrustedCAFile:  t.TrustedCAFile,
+			ClientCertAuth: t.ClientCertAuth,
+		}
+	}
+	// Passwords are hashed with bcrypt's minimum cost (4, where etcd's default is 10): etcd
+	// checks the password of every Authenticate, which costs tens of milliseconds at the
+	// default and seconds in a race-enabled binary such as a test's. A test server's passwords
+	// need no protection against guessing.
+	cfg.BcryptCost = bcryptCost
 	cfg.TickMs = sc.HeartbeatMs
 	cfg.ElectionMs = sc.ElectionMs
 	cfg.Logger = "zap"
