@@ -25,8 +25,8 @@ create: keys are written on first use.`,
 			summary: "print the DDL for your own migration tool (PostgreSQL)",
 			doc: `Prints the DDL that migrate runs — the lease table, then the fence's tables —
 in the schema --schema, for a migration tool of your own; lease or resource prints
-one part. Connects to nothing. The grants a runtime role needs are in fence-pg's
-documentation of LeaseDDL and ResourceDDL.`,
+one part. Connects to nothing. The grants a runtime role needs, and which role
+runs migrate, are in docs/security.md (and fence-pg's LeaseDDL and ResourceDDL).`,
 			run: runSchema,
 		},
 	)

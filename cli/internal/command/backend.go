@@ -65,7 +65,7 @@ func (r *runner) chooseBackend(cmd string) (string, error) {
 			pgFlags = append(pgFlags, "--"+f)
 		}
 	}
-	for _, f := range []string{"endpoints", "prefix"} {
+	for _, f := range append([]string{"endpoints", "prefix"}, etcdSecurityFlags...) {
 		if o.set[f] {
 			etcdFlags = append(etcdFlags, "--"+f)
 		}
@@ -112,16 +112,17 @@ func (r *runner) chooseBackend(cmd string) (string, error) {
 	return "", usagef(cmd, "%s: no backend: give --backend, --dsn or --endpoints (or set PG* or ETCDCTL_ENDPOINTS)", cmd)
 }
 
-// openBackend makes the stores the command needs. Nothing connects yet:
-// pgx pools and etcd clients connect on first use, so a bad flag is
-// reported before any traffic.
-func (r *runner) openBackend(cmd string) (backend, error) {
+// openBackend makes the stores the command needs. Nothing connects yet,
+// except an etcd client with a user, which logs in (within ctx): pgx pools
+// and etcd clients connect on first use, so a bad flag is reported before
+// any traffic.
+func (r *runner) openBackend(ctx context.Context, cmd string) (backend, error) {
 	kind, err := r.chooseBackend(cmd)
 	if err != nil {
 		return nil, err
 	}
 	if kind == backendEtcd {
-		return r.openEtcd(cmd)
+		return r.openEtcd(ctx, cmd)
 	}
 	return r.openPostgres(cmd)
 }
@@ -293,15 +294,17 @@ func (b *pgBackend) close() {
 // --- etcd ---------------------------------------------------------------
 
 type etcdBackend struct {
-	cli    *clientv3.Client
-	leases *fenceetcd.LeaseStore
-	fence  *fenceetcd.Fence
+	cli       *clientv3.Client
+	leases    *fenceetcd.LeaseStore
+	fence     *fenceetcd.Fence
+	endpoints []string
+	access    etcdAccess
 }
 
 // defaultEndpoint is etcdctl's default.
 const defaultEndpoint = "127.0.0.1:2379"
 
-func (r *runner) openEtcd(cmd string) (backend, error) {
+func (r *runner) openEtcd(ctx context.Context, cmd string) (backend, error) {
 	o := &r.opts
 	raw, src := o.endpoints, "--endpoints"
 	if !o.set["endpoints"] {
@@ -318,17 +321,43 @@ func (r *runner) openEtcd(cmd string) (backend, error) {
 		}
 		endpoints = append(endpoints, e)
 	}
+	access, err := r.etcdAccess(cmd, endpoints)
+	if err != nil {
+		return nil, err
+	}
 	var opts []fenceetcd.Option
 	if o.set["prefix"] {
 		opts = append(opts, fenceetcd.WithPrefix(o.prefix))
 	}
-	// No DialTimeout: the client then connects on first use, bounded by
-	// the command's --timeout, and a bad flag is reported before that.
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, Logger: zap.NewNop()})
+	// The options are checked before the client exists (NewFence checks
+	// them and nothing else): a client with a user logs in as it is made.
+	check := clientv3.NewCtxClient(ctx)
+	_, err = fenceetcd.NewFence(check, opts...)
+	_ = check.Close()
 	if err != nil {
-		return nil, usagef(cmd, "%s: %s: %v", cmd, src, err)
+		return nil, err
 	}
-	b := &etcdBackend{cli: cli}
+	// The client connects on first use, bounded by the command's context.
+	// With a user it logs in now, for at most DialTimeout, the time left
+	// of --timeout (not through Config.Context: the client would end with
+	// the command's context, and break releases its lease after that).
+	var login time.Duration
+	if access.user != "" {
+		login = time.Second
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) > login {
+			login = time.Until(dl)
+		}
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, TLS: access.tls,
+		Username: access.user, Password: access.password, DialTimeout: login, Logger: zap.NewNop()})
+	if err != nil {
+		b := &etcdBackend{endpoints: endpoints, access: access}
+		if access.user == "" {
+			return nil, usagef(cmd, "%s: %s: %v", cmd, src, err)
+		}
+		return nil, b.explain(loginError(ctx, access.user, err))
+	}
+	b := &etcdBackend{cli: cli, endpoints: endpoints, access: access}
 	if b.leases, err = fenceetcd.NewLeaseStore(cli, opts...); err != nil {
 		b.close()
 		return nil, err

@@ -193,17 +193,21 @@ func (r *runner) run(ctx context.Context, args []string) error {
 	if err := r.opts.validate(name); err != nil {
 		return err
 	}
-	if r.cmd.needs != needNothing {
-		if r.backend, err = r.openBackend(name); err != nil {
-			return err
-		}
-	}
 	if r.opts.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.opts.timeout)
 		defer cancel()
 	}
-	return r.cmd.run(ctx, r, operands)
+	if r.cmd.needs != needNothing {
+		if r.backend, err = r.openBackend(ctx, name); err != nil {
+			return err
+		}
+	}
+	err = r.cmd.run(ctx, r, operands)
+	if b, ok := r.backend.(*etcdBackend); ok && err != nil {
+		err = b.explain(err)
+	}
+	return err
 }
 
 // help is "leasefence help [COMMAND]".

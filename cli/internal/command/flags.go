@@ -16,8 +16,12 @@ type options struct {
 	dsn, leaseDSN, resourceDSN string
 	schema                     string
 	endpoints, prefix          string
-	timeout                    time.Duration
-	json, help                 bool
+	// etcd's transport security and user, as etcdctl's global flags.
+	cacert, cert, key  string
+	user, password     string
+	insecureSkipVerify bool
+	timeout            time.Duration
+	json, help         bool
 
 	// A subcommand's own.
 	limit     int
@@ -60,6 +64,12 @@ func newFlagSet(cmd string, o *options, own []string) *flag.FlagSet {
 	fs.StringVar(&o.schema, "schema", o.schema, "")
 	fs.StringVar(&o.endpoints, "endpoints", o.endpoints, "")
 	fs.StringVar(&o.prefix, "prefix", o.prefix, "")
+	fs.StringVar(&o.cacert, "cacert", o.cacert, "")
+	fs.StringVar(&o.cert, "cert", o.cert, "")
+	fs.StringVar(&o.key, "key", o.key, "")
+	fs.StringVar(&o.user, "user", o.user, "")
+	fs.StringVar(&o.password, "password", o.password, "")
+	fs.BoolVar(&o.insecureSkipVerify, "insecure-skip-tls-verify", o.insecureSkipVerify, "")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "")
 	fs.BoolVar(&o.json, "json", o.json, "")
 	fs.BoolVar(&o.help, "help", o.help, "")

@@ -61,9 +61,9 @@ DESCRIPTION
     It speaks to one backend: PostgreSQL (the lease database and the resource database
     that holds the fence, which may be one database) or etcd (one cluster, one key
     prefix). The backend is --backend, or else inferred from the connection flags given
-    (--dsn, --lease-dsn, --resource-dsn, --schema: PostgreSQL; --endpoints, --prefix:
-    etcd), or else from the environment (PG* or ETCDCTL_ENDPOINTS). Flags of the other
-    backend are a usage error.
+    (--dsn, --lease-dsn, --resource-dsn, --schema: PostgreSQL; --endpoints, --prefix
+    and the TLS and user flags: etcd), or else from the environment (PG* or
+    ETCDCTL_ENDPOINTS). Flags of the other backend are a usage error.
 
     Times left are by the server's clock, never this machine's. Tokens only grow: no
     command lowers a token or a floor, or deletes a lease. The operator's own advances
@@ -83,7 +83,11 @@ const manualCommon = `COMMON OPTIONS
         The backend; inferred when not given (see DESCRIPTION).
     --dsn DSN
         PostgreSQL: the database of both the leases and the fence (a URL or key=value
-        DSN, as libpq takes it).
+        DSN, as libpq takes it). Over a network, verify the server:
+        sslmode=verify-full sslrootcert=CA.pem checks its certificate against the CA
+        and its name against the DSN's host (an IP address host needs an IP address
+        SAN); the default, prefer, checks neither. sslcert and sslkey give a client
+        certificate.
     --lease-dsn DSN, --resource-dsn DSN
         PostgreSQL: the lease database and the resource (fence) database, when they
         differ. Each defaults to --dsn, then to the PG* environment.
@@ -95,6 +99,26 @@ const manualCommon = `COMMON OPTIONS
     --prefix PREFIX
         etcd: the key prefix of the applications' fenceetcd.WithPrefix (default
         /leasefence).
+    --cacert FILE
+        etcd: verify the server's certificate with the CA certificates in FILE (PEM)
+        rather than the system's. Default ETCDCTL_CACERT.
+    --cert FILE, --key FILE
+        etcd: the client certificate and its private key (PEM), for a server that
+        requires one (etcd --client-cert-auth). With authentication on, a request
+        that names no user acts as the user the certificate's Common Name names.
+        Default ETCDCTL_CERT, ETCDCTL_KEY.
+    --user NAME[:PASSWORD], --password PASSWORD
+        etcd: log in as NAME. The password is --password, else ETCDCTL_PASSWORD, else
+        the part of --user after the colon; leasefence does not prompt. Default
+        ETCDCTL_USER. Prefer ETCDCTL_PASSWORD to --password: other users of the machine
+        can read a command line.
+    --insecure-skip-tls-verify
+        etcd: TLS without verifying the server's certificate, for a test server only:
+        whoever is on the path reads and changes what is sent. Not with --cacert.
+        Default ETCDCTL_INSECURE_SKIP_TLS_VERIFY.
+        TLS is on when any of --cacert, --cert, --key, --insecure-skip-tls-verify (or
+        their variables) is given, or an endpoint is https://; an http:// endpoint
+        with them is a usage error. The names are etcdctl's.
     --timeout DURATION
         Give up after DURATION (default 30s).
     --json
@@ -103,14 +127,18 @@ const manualCommon = `COMMON OPTIONS
         Show this manual, or a command's section.
 
 ENVIRONMENT
-    PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, PGSSLMODE, ...
+    PGHOST, PGPORT, PGDATABASE, PGUSER, PGPASSWORD, PGSERVICE, PGSSLMODE,
+    PGSSLROOTCERT, PGSSLCERT, PGSSLKEY, ...
         libpq's variables, read (through pgx) for a PostgreSQL database that no DSN
         flag names; any of PGHOST, PGHOSTADDR, PGPORT, PGDATABASE, PGUSER, PGSERVICE
         set selects the PostgreSQL backend when no flag does.
     ETCDCTL_ENDPOINTS
         etcd's endpoints, comma-separated, when --endpoints is not given; set, it
-        selects the etcd backend when no flag does. (TLS and authentication variables
-        of etcdctl are not read.)
+        selects the etcd backend when no flag does.
+    ETCDCTL_CACERT, ETCDCTL_CERT, ETCDCTL_KEY, ETCDCTL_USER, ETCDCTL_PASSWORD,
+    ETCDCTL_INSECURE_SKIP_TLS_VERIFY
+        etcd's TLS files and user, as etcdctl reads them, each when its flag is not
+        given. They do not select a backend.
 
 EXIT STATUS
     0   The command did what it was asked (advance: the floor is at TOKEN or above).
@@ -134,6 +162,15 @@ EXAMPLES
 
     The stale writes rejected in the last hour, on etcd:
         ETCDCTL_ENDPOINTS=10.0.0.5:2379 leasefence attempts invoices --rejected --since 1h
+
+    The same on an etcd with client TLS and authentication (the password from the
+    environment, not the command line):
+        export ETCDCTL_CACERT=/etc/etcd/ca.pem ETCDCTL_CERT=ops.pem ETCDCTL_KEY=ops-key.pem
+        export ETCDCTL_USER=ops ETCDCTL_PASSWORD=...
+        leasefence attempts invoices --rejected --endpoints https://10.0.0.5:2379
+
+    Floors on PostgreSQL over verified SSL:
+        leasefence floors --dsn 'host=db.internal dbname=app user=ops sslmode=verify-full sslrootcert=/etc/ssl/db-ca.pem'
 
     Fence off every token below the current holder's 42:
         leasefence advance invoices 42 --lease nightly-invoices
