@@ -316,23 +316,21 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 	}
 
 	// The schema's administrative path (a transaction that sets
-	// leasefence_admin.allow_token_reset) checks no role: a custom setting
-	// is anyone's to set, so the runtime role can lower a floor through it.
-	// A known hole, stated in docs/security.md with its fix (the guard
-	// function should also require the table owner's privileges); when the
-	// schema closes it, this case must expect LF002 like the others.
-	t.Run("escape hatch (known hole)", func(t *testing.T) {
+	// leasefence_admin.allow_token_reset) passes only for a role with the
+	// privileges of the table's owner: a custom setting is anyone's to set,
+	// and the runtime role setting it is refused like the others.
+	t.Run("administrative path", func(t *testing.T) {
 		_, err := app.Exec(ctx, `BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on;
 			UPDATE leasefence.fence_floor SET max_token = max_token - 1 WHERE scope = 'nightly-pgx'; COMMIT`)
-		if err != nil {
-			t.Fatalf("the runtime role's reset through the administrative path was refused (%v): the hole is closed; "+
-				"make this case expect the refusal and update docs/security.md", err)
+		var pe *pgconn.PgError
+		if !errors.As(err, &pe) || pe.Code != "LF002" {
+			t.Fatalf("the runtime role's reset through the administrative path: %v; want LF002", err)
 		}
-		if f, _ := state(); f != floor-1 {
-			t.Fatalf("floor %d after the reset, want %d", f, floor-1)
+		_, _ = app.Exec(ctx, "ROLLBACK")
+		if f, k := state(); f != floor || k != token {
+			t.Fatalf("after the refusal: floor %d, token %d; want %d, %d unchanged", f, k, floor, token)
 		}
-		t.Logf("KNOWN HOLE: the runtime role lowered the floor of %s from %d to %d through SET LOCAL leasefence_admin.allow_token_reset",
-			scope, floor, floor-1)
+		t.Logf("%s: %s", pe.Code, pe.Message)
 	})
 }
 
