@@ -142,7 +142,7 @@ type kaStream struct {
 	leaderKV clientv3.KV // reads on ownConn; nil without it
 	term     uint64
 
-	sendMu sync.Mutex // serializes Send; the queue order is the send order
+	sendSlot chan struct{} // one slot: its holder sends; the queue order is the send order
 
 	mu      sync.Mutex
 	pending []*kaCall // sent, unanswered, oldest first
@@ -244,22 +244,38 @@ func (k *keepAliver) post(ctx context.Context, id clientv3.LeaseID) (*kaCall, er
 		return nil, err
 	}
 	c := &kaCall{id: int64(id), done: make(chan error, 1)}
-	st.sendMu.Lock()
+	// The send slot, waited for under ctx: a Send blocked by gRPC flow
+	// control (a server that stopped reading) holds it, and thousands of
+	// callers queued behind it must still return at their deadlines.
+	select {
+	case st.sendSlot <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-st.sendSlot }()
+	if err := ctx.Err(); err != nil { // select picks at random when both are ready
+		return nil, err
+	}
 	st.mu.Lock()
 	if st.broken != nil {
 		err := st.broken
 		st.mu.Unlock()
-		st.sendMu.Unlock()
 		return nil, err
 	}
 	st.pending = append(st.pending, c)
 	st.used = true
 	st.mu.Unlock()
+	// Should this Send block until ctx ends, the stream breaks: its calls
+	// in flight get Unavailable and are sent again on a new stream (this
+	// one's caller has left by then), and the Send returns.
+	stop := context.AfterFunc(ctx, func() {
+		k.breakStream(st, status.Error(codes.Unavailable, "keep-alive send blocked past a caller's deadline"))
+	})
 	// A failed Send needs nothing more: it means the stream ended (io.EOF
 	// when the server ended it), and the receiver, whose Recv returns
 	// the stream's real status, answers every call in flight with it.
 	_ = st.stream.Send(&etcdserverpb.LeaseKeepAliveRequest{ID: int64(id)})
-	st.sendMu.Unlock()
+	stop()
 	return c, nil
 }
 
@@ -320,7 +336,7 @@ func (k *keepAliver) stream(ctx context.Context) (*kaStream, error) {
 		// The stream ends with the client too: a store whose client
 		// was closed without the store's Close leaves nothing running.
 		sctx, cancel := context.WithCancel(k.cli.Ctx())
-		st = &kaStream{ctx: sctx, cancel: cancel, ready: make(chan struct{}), exited: make(chan struct{})}
+		st = &kaStream{ctx: sctx, cancel: cancel, ready: make(chan struct{}), exited: make(chan struct{}), sendSlot: make(chan struct{}, 1)}
 		k.cur = st
 		go k.run(st)
 	}
