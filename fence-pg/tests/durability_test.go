@@ -66,23 +66,31 @@ func TestDurableOnAsyncCommitCluster(t *testing.T) {
 			const workers = 4
 			acked := make([]leasecore.Token, workers)    // the largest token each name was acknowledged
 			advanced := make([]leasecore.Token, workers) // the largest floor each scope was acknowledged
+			// The load runs for 800 ms, and each worker for at least one
+			// whole cycle however long the machine stalls (a worker whose
+			// first acquire outlasted a fixed window acknowledged nothing,
+			// and the test had nothing to check): the window decides when
+			// to stop, never a request's context.
 			loadCtx, stopLoad := context.WithTimeout(ctx, 800*time.Millisecond)
 			var wg sync.WaitGroup
 			for w := range workers {
 				name, scope := fmt.Sprintf("%s-job-%d", driver, w), fmt.Sprintf("%s-scope-%d", driver, w)
 				wg.Go(func() {
-					for loadCtx.Err() == nil {
-						g, err := leases.Acquire(loadCtx, name, "holder", time.Minute)
+					for first := true; first || loadCtx.Err() == nil; first = false {
+						g, err := leases.Acquire(ctx, name, "holder", time.Minute)
 						if err != nil {
+							t.Errorf("%s: acquire under load: %v", name, err)
 							return
 						}
 						acked[w] = g.Token
-						res, err := fence.Advance(loadCtx, leasecore.Claim{Scope: scope, Writer: "holder", Token: g.Token})
+						res, err := fence.Advance(ctx, leasecore.Claim{Scope: scope, Writer: "holder", Token: g.Token})
 						if err != nil || !res.Accepted {
+							t.Errorf("%s: advance to %d under load: %+v, %v", scope, g.Token, res, err)
 							return
 						}
 						advanced[w] = g.Token
-						if err := leases.Release(loadCtx, g); err != nil {
+						if err := leases.Release(ctx, g); err != nil {
+							t.Errorf("%s: release under load: %v", name, err)
 							return
 						}
 					}
