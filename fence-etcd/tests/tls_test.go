@@ -2,18 +2,9 @@ package fenceetcd_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/leasecore"
@@ -44,14 +36,14 @@ import (
 // password; and the application's user cannot touch keys outside its
 // prefixes, nor change users, roles or authentication.
 func TestTLSAndAuth(t *testing.T) {
-	pki := newTestPKI(t)
-	srvCert, srvKey := pki.issue(t, "server", "etcd-server", net.ParseIP("127.0.0.1"))
-	adminCert, adminKey := pki.issue(t, "etcdtemp", "etcdtemp")
-	appCert, appKey := pki.issue(t, "app", "leasefence-client") // names no etcd user
+	pki := backendtest.NewPKI(t, "etcd")
+	srvCert, srvKey := pki.Issue(t, "server", "etcd-server", net.ParseIP("127.0.0.1"))
+	adminCert, adminKey := pki.Issue(t, "etcdtemp", "etcdtemp")
+	appCert, appKey := pki.Issue(t, "app", "leasefence-client") // names no etcd user
 	const rootPassword, appPassword = "root-secret", "app-secret"
 	srv := etcdtemp.StartTB(t,
 		etcdtemp.WithClientTLS(etcdtemp.ClientTLS{
-			CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: pki.caFile, ClientCertAuth: true,
+			CertFile: srvCert, KeyFile: srvKey, TrustedCAFile: pki.CAFile, ClientCertAuth: true,
 			ClientCertFile: adminCert, ClientKeyFile: adminKey,
 		}),
 		etcdtemp.WithAuth(rootPassword))
@@ -59,7 +51,7 @@ func TestTLSAndAuth(t *testing.T) {
 		t.Fatalf("endpoint %s, want https://127.0.0.1:PORT", ep)
 	}
 	ctx := context.Background()
-	appTLS := pki.clientTLS(t, appCert, appKey)
+	appTLS := pki.ClientTLS(t, appCert, appKey)
 
 	// The application's user and role, as docs/security.md gives them:
 	// etcdctl role add leasefence-app
@@ -201,9 +193,9 @@ func TestTLSAndAuth(t *testing.T) {
 		handshakeRefused(t, srv.Endpoints(), noCert, "certificate required")
 	})
 	t.Run("server not trusted", func(t *testing.T) {
-		other := newTestPKI(t) // a CA the server's certificate does not chain to
+		other := backendtest.NewPKI(t, "other") // a CA the server's certificate does not chain to
 		untrusting := appTLS.Clone()
-		untrusting.RootCAs = other.pool(t)
+		untrusting.RootCAs = other.Pool()
 		handshakeRefused(t, srv.Endpoints(), untrusting, "certificate signed by unknown authority")
 	})
 	t.Run("plain HTTP", func(t *testing.T) {
@@ -223,8 +215,8 @@ func TestTLSAndAuth(t *testing.T) {
 		// etcd's --client-cert-auth: with authentication on, a request
 		// without a token acts as the user its certificate's Common Name
 		// names. The certificate is then a credential like a password.
-		cnCert, cnKey := pki.issue(t, "cn-user", user)
-		cli := dialTLS(t, srv.Endpoints(), pki.clientTLS(t, cnCert, cnKey), "", "")
+		cnCert, cnKey := pki.Issue(t, "cn-user", user)
+		cli := dialTLS(t, srv.Endpoints(), pki.ClientTLS(t, cnCert, cnKey), "", "")
 		leases, err := fenceetcd.NewLeaseStore(cli)
 		if err != nil {
 			t.Fatal(err)
@@ -319,108 +311,4 @@ func dialTLS(t *testing.T, endpoints []string, tc *tls.Config, user, password st
 	}
 	t.Cleanup(func() { _ = cli.Close() })
 	return cli
-}
-
-// testPKI is a CA made for one test, with its certificate in caFile,
-// issuing certificates into the test's temporary directory.
-type testPKI struct {
-	dir    string
-	caFile string
-	ca     *x509.Certificate
-	caKey  *ecdsa.PrivateKey
-}
-
-func newTestPKI(t *testing.T) *testPKI {
-	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(t),
-		Subject:               pkix.Name{CommonName: "leasefence test CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &testPKI{dir: t.TempDir(), ca: ca, caKey: key}
-	p.caFile = writePEM(t, filepath.Join(p.dir, "ca.crt"), "CERTIFICATE", der)
-	return p
-}
-
-// issue makes a certificate with Common Name cn, for server and client
-// use, with ips as its IP address SANs, and returns its files.
-func (p *testPKI) issue(t *testing.T, name, cn string, ips ...net.IP) (certFile, keyFile string) {
-	t.Helper()
-	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(t),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &key.PublicKey, p.caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return writePEM(t, filepath.Join(p.dir, name+".crt"), "CERTIFICATE", der),
-		writePEM(t, filepath.Join(p.dir, name+".key"), "PRIVATE KEY", keyDER)
-}
-
-// pool is a certificate pool holding the CA.
-func (p *testPKI) pool(t *testing.T) *x509.CertPool {
-	t.Helper()
-	roots := x509.NewCertPool()
-	roots.AddCert(p.ca)
-	return roots
-}
-
-// clientTLS trusts the CA and presents the given certificate.
-func (p *testPKI) clientTLS(t *testing.T, certFile, keyFile string) *tls.Config {
-	t.Helper()
-	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Config{RootCAs: p.pool(t), Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
-}
-
-func newKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
-func serial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func writePEM(t *testing.T, path, kind string, der []byte) string {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }

@@ -2,19 +2,11 @@ package fencepg_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"database/sql"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"net/url"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -24,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
@@ -59,9 +52,8 @@ const ownerPassword, appPassword = "owner-secret", "app-secret"
 func startSSLCluster(t *testing.T) *sslCluster {
 	t.Helper()
 	ctx := context.Background()
-	dir := t.TempDir()
-	ca := newTestCA(t, dir, "ca")
-	certFile, keyFile := ca.issue(t, dir, "server", "postgres-server", net.ParseIP("127.0.0.1"))
+	ca := backendtest.NewPKI(t, "postgres")
+	certFile, keyFile := ca.Issue(t, "server", "postgres-server", net.ParseIP("127.0.0.1"))
 	c, err := pgtemp.Start(ctx, pgtemp.WithSSL(certFile, keyFile), pgtemp.WithPasswordAuth())
 	if errors.Is(err, pgtemp.ErrNotSupported) {
 		t.Skipf("SSL needs a cluster pgtemp starts locally: %v", err)
@@ -74,7 +66,7 @@ func startSSLCluster(t *testing.T) *sslCluster {
 			t.Errorf("stop the SSL cluster: %v", err)
 		}
 	})
-	s := &sslCluster{cluster: c, caFile: ca.file, db: "app"}
+	s := &sslCluster{cluster: c, caFile: ca.CAFile, db: "app"}
 	if err := c.CreateDatabase(ctx, s.db); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +129,7 @@ func TestSSLVerifyFull(t *testing.T) {
 		}
 		t.Logf("verify-full to 127.0.0.1: connected over %s", version)
 
-		otherCA := newTestCA(t, t.TempDir(), "other")
+		otherCA := backendtest.NewPKI(t, "other")
 		for _, tc := range []struct {
 			name  string
 			edit  func(u *url.URL, q url.Values)
@@ -147,7 +139,7 @@ func TestSSLVerifyFull(t *testing.T) {
 				u.Host = net.JoinHostPort("localhost", u.Port())
 			}, []string{"x509: certificate is not valid for any names, but wanted to match localhost"}},
 			{"server certificate from another CA", func(u *url.URL, q url.Values) {
-				q.Set("sslrootcert", otherCA.file)
+				q.Set("sslrootcert", otherCA.CAFile)
 			}, []string{"certificate signed by unknown authority"}},
 			{"no SSL", func(u *url.URL, q url.Values) {
 				q.Set("sslmode", "disable")
@@ -379,87 +371,4 @@ func execScript(t *testing.T, conn *pgx.Conn, script string) {
 	if _, err := conn.Exec(context.Background(), script); err != nil {
 		t.Fatalf("%v\n%s", err, script)
 	}
-}
-
-// testCA is a certificate authority made for one test, its certificate in
-// file.
-type testCA struct {
-	file string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-}
-
-func newTestCA(t *testing.T, dir, name string) *testCA {
-	t.Helper()
-	key := newECKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          randomSerial(t),
-		Subject:               pkix.Name{CommonName: "leasefence test CA " + name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{file: writePEMFile(t, filepath.Join(dir, name+".crt"), "CERTIFICATE", der), cert: cert, key: key}
-}
-
-// issue makes a server certificate with Common Name cn whose only names
-// are ips, and returns its files.
-func (ca *testCA) issue(t *testing.T, dir, name, cn string, ips ...net.IP) (certFile, keyFile string) {
-	t.Helper()
-	key := newECKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber: randomSerial(t),
-		Subject:      pkix.Name{CommonName: cn},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses:  ips,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return writePEMFile(t, filepath.Join(dir, name+".crt"), "CERTIFICATE", der),
-		writePEMFile(t, filepath.Join(dir, name+".key"), "PRIVATE KEY", keyDER)
-}
-
-func newECKey(t *testing.T) *ecdsa.PrivateKey {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return key
-}
-
-func randomSerial(t *testing.T) *big.Int {
-	t.Helper()
-	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
-func writePEMFile(t *testing.T, path, kind string, der []byte) string {
-	t.Helper()
-	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
