@@ -24,11 +24,11 @@ const cleanupParallel = 32
 //
 // With WithSharedLeases every name of the batch is put with the holder's
 // one shared etcd lease of ttl (granted or refreshed first when needed, as
-// for Acquire: see sharedLease), 126 names (MaxTxnOps-2) per transaction:
+// for Acquire: see sharedLease), 127 names (MaxTxnOps-1) per transaction:
 //
 //	If(CreateRevision(key_1) == 0, ..., CreateRevision(key_n) == 0).
 //	Then(Put(key_1, holder, WithLease(id)), ..., Put(key_n, holder, WithLease(id)),
-//	     Txn(If(ModRevision(gen) == seen) Then(Put(gen, WithLease(id))) Else(Put(gen, WithLease(id)))))
+//	     Put(gen, WithLease(id), prev_kv))
 //
 // The last operation rewrites the holder's generation key of the shared
 // lease (see RenewAll's fast path): the store then knows every name the
@@ -104,11 +104,9 @@ func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder stri
 	return grants, errs, nil
 }
 
-// acquireAllChunk is the most names one AcquireAll transaction puts: with
-// the nested transaction of the generation key (acquireGen), the
-// transaction holds one operation more, and etcd allows a nested
-// transaction only MaxTxnOps minus the operations of the one it is in.
-const acquireAllChunk = MaxTxnOps - 2
+// acquireAllChunk is the most names one AcquireAll transaction puts: the
+// put of the generation key (acquireGen) is one operation more.
+const acquireAllChunk = MaxTxnOps - 1
 
 // putAllShared is AcquireAll's transaction for names (at most acquireAllChunk):
 // put every key with the shared lease of sl if none exists. put reports

@@ -341,9 +341,9 @@ func (s *LeaseStore) unputIfOurs(key, holder string, id clientv3.LeaseID, before
 	}}
 }
 
-// acquireGenOp is the operation on the holder's generation key of its
-// shared lease in a shared-mode AcquireAll's transaction (see acquireGen),
-// and what the store knew when it was made.
+// acquireGenOp is the put of the holder's generation key of its shared
+// lease in a shared-mode AcquireAll's transaction (see acquireGen), and
+// what the store knew when it was made.
 type acquireGenOp struct {
 	op     clientv3.Op
 	sl     *sharedLease
@@ -352,9 +352,9 @@ type acquireGenOp struct {
 }
 
 // acquireGen returns the operation an AcquireAll on sl's etcd lease id runs
-// beside its puts, in the same transaction: a put of the holder's
-// generation key of id, in a nested transaction whose compare says whether
-// the key still had the revision the store last saw. The keys the
+// last, in the same transaction as its puts: a put of the holder's
+// generation key of id, returning the key as it was (prev_kv), which says
+// whether it still had the revision the store last saw. The keys the
 // transaction creates are then verified at its revision (acquiredGen), and
 // the holder's first RenewAll of them takes the fast path (one read, one
 // keep-alive) instead of the full check, whose first transaction writes
@@ -368,11 +368,8 @@ func (s *LeaseStore) acquireGen(sl *sharedLease, id clientv3.LeaseID, holder str
 		genRev = sl.ver.genRev
 	}
 	s.mu.Unlock()
-	gen := s.layout.HolderGen(holder, int64(id))
-	put := clientv3.OpPut(gen, "", clientv3.WithLease(id))
-	same := clientv3.Compare(clientv3.ModRevision(gen), "=", genRev)
 	return acquireGenOp{
-		op: clientv3.OpTxn([]clientv3.Cmp{same}, []clientv3.Op{put}, []clientv3.Op{put}),
+		op: clientv3.OpPut(s.layout.HolderGen(holder, int64(id)), "", clientv3.WithLease(id), clientv3.WithPrevKV()),
 		sl: sl, id: id, genRev: genRev,
 	}
 }
@@ -383,7 +380,8 @@ func (s *LeaseStore) acquireGen(sl *sharedLease, id clientv3.LeaseID, holder str
 // names verified before, when the key still had the revision they were
 // verified at (nothing of the holder's on the lease was removed between).
 func (s *LeaseStore) acquiredGen(gen acquireGenOp, names []string, resp *clientv3.TxnResponse) {
-	same := resp.Responses[len(resp.Responses)-1].GetResponseTxn().GetSucceeded()
+	prev := resp.Responses[len(resp.Responses)-1].GetResponsePut().GetPrevKv()
+	same := prev != nil && gen.genRev != 0 && prev.ModRevision == gen.genRev
 	rev := resp.Header.Revision
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -391,7 +389,7 @@ func (s *LeaseStore) acquiredGen(gen acquireGenOp, names []string, resp *clientv
 	if sl.id != gen.id {
 		return
 	}
-	if !same || gen.genRev == 0 || sl.ver.genRev != gen.genRev || sl.ver.names == nil {
+	if !same || sl.ver.genRev != gen.genRev || sl.ver.names == nil {
 		sl.ver = verified{genRev: rev, names: make(map[string]leasecore.Token, len(names))}
 	}
 	sl.ver.genRev = rev

@@ -28,9 +28,8 @@ func allNames(prefix string, n int) []string {
 }
 
 // acquireAllChunk is the names one shared-mode AcquireAll transaction puts
-// (its godoc): MaxTxnOps less the generation key's nested transaction and
-// the one operation etcd wants free beside a nested transaction.
-const acquireAllChunk = fenceetcd.MaxTxnOps - 2
+// (its godoc): MaxTxnOps less the put of the holder's generation key.
+const acquireAllChunk = fenceetcd.MaxTxnOps - 1
 
 // TestAcquireAllShared: with shared leases, 300 new names cost one Grant of
 // the shared lease and three transactions (acquireAllChunk names each). The names
@@ -138,7 +137,7 @@ func TestAcquireAllSharedMixed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first transaction's names: four, two of them held, and 122 new
+	// The first transaction's names: four, two of them held, and 123 new
 	// ones; the second's: 10 new ones.
 	names := append([]string{"new-a", "held-other", "released", "held-own"}, allNames("slow", acquireAllChunk-4)...)
 	names = append(names, allNames("fast", 10)...)
