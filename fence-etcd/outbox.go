@@ -14,7 +14,7 @@ import (
 
 // Outbox is a fenced outbox for side effects the downstream system cannot
 // fence itself ("report published" sent to another service, a message, a
-// webhook; SPEC F9): the side effect is recorded as an entry in the same
+// webhook; conformance case F9): the side effect is recorded as an entry in the same
 // Txn as the data it announces, under the fence, and a relay delivers it
 // afterwards with the writer's token as its version.
 //

@@ -22,7 +22,7 @@
 // (lib/pq or pgx's stdlib driver) — and never a transaction: inside a
 // caller's transaction now() is the transaction's start time, so an acquire
 // there would still see an expired lease as held, and a renew would extend
-// from a stale instant (SPEC F2).
+// from a stale instant (conformance case F2).
 //
 // Expiry is decided by the database clock only. Grant.Start is the local
 // monotonic time read before the request was sent; compare it only with the

@@ -1,5 +1,5 @@
 // Command capacity measures what keeping many leases alive costs a lease
-// server (issue 17 item 2; `make capacity` runs it at full scale):
+// server (`make capacity` runs it at full scale):
 // -holders holders with -names names each (10,000 × 100 = 1,000,000
 // leases), acquired through the public API (leasecore.SessionSet on a
 // fencepg or fenceetcd LeaseStore), renewed by the sets at TTL/3 for

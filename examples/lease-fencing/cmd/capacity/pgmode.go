@@ -3,8 +3,7 @@ package main
 import fencepg "github.com/leasefence/leasefence/fence-pg"
 
 // holderSessionsAvailable is the switch of the pg-sessions phase: true
-// when fence-pg has holder sessions (fencepg.WithHolderSessions, issue 17
-// item 1). With false the phase is reported as not run.
+// when fence-pg has holder sessions (fencepg.WithHolderSessions). With false the phase is reported as not run.
 const holderSessionsAvailable = true
 
 // pgStoreOptions returns the LeaseStore options of a mode: none for a lease

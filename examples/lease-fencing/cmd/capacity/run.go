@@ -57,7 +57,8 @@ func (c *config) check() error {
 	return nil
 }
 
-// fullScale reports whether the run is the one issue 17 asks for.
+// fullScale reports whether the run is at full scale: the 1,000,000 leases, TTL 15 s and 60 s
+// window docs/capacity.md reports.
 func (c *config) fullScale() bool {
 	return c.holders*c.names >= 1_000_000 && c.duration >= 60*time.Second && c.ttl == 15*time.Second
 }
@@ -144,7 +145,7 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	fmt.Fprintf(w, "# valid: no phase lost a name (local deadline or server) or failed an acquire; pg-per-lease is the\n")
 	fmt.Fprintf(w, "# reference (today's design): its losses are reported (MISSED_LOCAL_DEADLINES_PER_LEASE) but do not fail the run\n")
 	if !cfg.fullScale() {
-		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of issue 17\n")
+		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of a full-scale run\n")
 	}
 	var res runResult
 	for _, name := range cfg.phases {
