@@ -76,7 +76,10 @@ type SessionEvent struct {
 // Observers run synchronously: the acquire's on NewSession's goroutine, the
 // rest on the renewal goroutine or Close's. They must not block (the next
 // renewal waits for them) and must not call Close (Close waits for the
-// renewal goroutine). Without an observer nothing is built or called.
+// renewal goroutine). Done closes before the SessionEnded report, so
+// ending work is never delayed by an observer; once Close returns, every
+// event of the session has been reported. Without an observer nothing is
+// built or called.
 func WithSessionObserver(f func(SessionEvent)) SessionOption {
 	return func(c *sessionConfig) { c.observe = chain(c.observe, f) }
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -163,6 +164,43 @@ func TestSessionObserverEnds(t *testing.T) {
 		}
 		_ = s.Close(context.Background()) // releases, reports nothing more
 		events.none(t)
+	})
+
+	// Done does not wait for the observer; Close does.
+	t.Run("observer still reporting the end", func(t *testing.T) {
+		f := newFixture(false)
+		f.spy.renewHook = func(context.Context, leasecore.Grant) error {
+			return fmt.Errorf("spy: down: %w", leasecore.ErrUnavailable)
+		}
+		entered, gate := make(chan struct{}), make(chan struct{})
+		var reported atomic.Bool
+		s := f.open(t, "holder-a", leasecore.WithSessionObserver(func(ev leasecore.SessionEvent) {
+			if ev.Kind == leasecore.SessionEnded {
+				close(entered)
+				<-gate
+				reported.Store(true)
+			}
+		}))
+		f.local.WaitTimers(t, 2)
+		f.local.Advance(testWindow) // the local deadline, renewals failing
+		waitDone(t, s)
+		<-entered
+		closed := make(chan error, 1)
+		go func() { closed <- s.Close(context.Background()) }()
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while the observer was still reporting the end", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		close(gate)
+		select {
+		case <-closed:
+		case <-time.After(realWait):
+			t.Fatalf("Close did not return within %v of the observer finishing", realWait)
+		}
+		if !reported.Load() {
+			t.Error("Close returned before the SessionEnded report finished")
+		}
 	})
 
 	t.Run("closed, release failed", func(t *testing.T) {

@@ -232,6 +232,9 @@ func TestLossMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-lost.Done()
+	// Done closes before the observer hears of the end; Close waits for
+	// the renewal goroutine, which reports it.
+	lost.Close(ctx)
 
 	leases.down.Store(true)
 	late, err := leasecore.NewSession(ctx, leases, "late-job", "holder-a", sessionOptions(m)...)
@@ -243,6 +246,7 @@ func TestLossMetrics(t *testing.T) {
 	if !errors.Is(late.Err(), leasecore.ErrLocalDeadline) {
 		t.Fatalf("late session: %v, want ErrLocalDeadline", late.Err())
 	}
+	late.Close(ctx)
 
 	want := `
 # HELP leasefence_losses_total Sessions that ended other than by Close, by reason: "lost" (the hold was over: expired or taken over) or "local_deadline" (no renewal succeeded in time).
