@@ -46,6 +46,10 @@
 //		// A newer holder wrote first: our result is stale, drop it.
 //	}
 //
+// Run makes that sequence one call for a job only one instance may run:
+// it acquires, runs the caller's function with the grant and a context
+// that ends with the session, and releases when the function returns.
+//
 // A replica that should lead continuously calls Campaign instead: it waits
 // for the lease (through the Lease's Waiter when it has one, else by
 // polling), runs the caller's function with the token and a context that

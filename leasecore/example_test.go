@@ -158,3 +158,55 @@ func ExampleCampaign() {
 	// host-2 leads with token 2
 	// host-2 campaign: context canceled
 }
+
+// A job that only one instance may run at a time: each instance calls Run,
+// which acquires the lease, runs the job with the grant, and releases the
+// lease when the job returns. An instance that finds the lease held gets
+// ErrHeld and skips the job. Every write carries the grant's token: the
+// resource's check of it, not the job's context, keeps a stale holder's
+// write out.
+func ExampleRun() {
+	ctx := context.Background()
+	leases := memfence.NewLeases(nil) // in production: a fence-pg or fence-etcd lease store
+	reports := memfence.NewResource() // the protected resource
+	opts := []leasecore.SessionOption{leasecore.WithTTL(15 * time.Second)}
+
+	report := func(host string) func(context.Context, leasecore.Grant) error {
+		// ctx ends when the lease is lost or past its local deadline: a
+		// hint to stop early. g.Claim carries the token and its space.
+		return func(ctx context.Context, g leasecore.Grant) error {
+			c := g.Claim("daily-report")
+			res, err := reports.Write(ctx, leasecore.Write{
+				Scope: c.Scope, Part: "summary", Content: "report by " + host,
+				Writer: c.Writer, Token: c.Token, Space: c.Space,
+			})
+			if err != nil {
+				return err
+			}
+			if !res.Accepted {
+				return fmt.Errorf("%s: a newer holder wrote (floor %d): this report is stale", host, res.Floor)
+			}
+			fmt.Printf("%s wrote the report with token %d\n", host, g.Token)
+			return nil
+		}
+	}
+
+	err := leasecore.Run(ctx, leases, "daily-report", "host-1", func(ctx context.Context, g leasecore.Grant) error {
+		// While host-1 runs the job, host-2 is turned away.
+		err := leasecore.Run(ctx, leases, "daily-report", "host-2", report("host-2"), opts...)
+		fmt.Println("host-2 while host-1 runs:", errors.Is(err, leasecore.ErrHeld))
+		return report("host-1")(ctx, g)
+	}, opts...)
+	fmt.Println("host-1 run:", err)
+
+	// host-1's Run released the lease: the next run starts at once.
+	err = leasecore.Run(ctx, leases, "daily-report", "host-2", report("host-2"), opts...)
+	fmt.Println("host-2 run:", err)
+
+	// Output:
+	// host-2 while host-1 runs: true
+	// host-1 wrote the report with token 1
+	// host-1 run: <nil>
+	// host-2 wrote the report with token 2
+	// host-2 run: <nil>
+}
