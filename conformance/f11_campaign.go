@@ -50,7 +50,8 @@ func caseF11(ctx context.Context, c *caseRun, h Harness) {
 		if _, ok := lease.(leasecore.Waiter); ok {
 			waiting = "the lease client's leasecore.Waiter, or polling where it cannot wait"
 		}
-		lead := func(ctx context.Context, token leasecore.Token) error {
+		lead := func(ctx context.Context, g leasecore.Grant) error {
+			token := g.Token
 			n := active.Add(1)
 			defer active.Add(-1)
 			for {

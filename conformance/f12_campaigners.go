@@ -78,7 +78,8 @@ func (g *campaignGroup) start(ctx context.Context, lease leasecore.Lease, holder
 	cctx, cancel := context.WithCancel(ctx)
 	cp.cancel = cancel
 	c := g.c
-	lead := func(lctx context.Context, token leasecore.Token) error {
+	lead := func(lctx context.Context, grant leasecore.Grant) error {
+		token := grant.Token
 		now := g.active.Add(1)
 		defer g.active.Add(-1)
 		for {

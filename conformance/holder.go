@@ -355,7 +355,8 @@ func (h *holderProcess) campaign(ctx context.Context, f []string) error {
 // lead is the campaign's function: it leads until its context ends or the
 // parent says STEP_DOWN, doing nothing meanwhile; the parent's WRITE
 // commands are its work.
-func (hc *holderCampaign) lead(ctx context.Context, token leasecore.Token) error {
+func (hc *holderCampaign) lead(ctx context.Context, g leasecore.Grant) error {
+	token := g.Token
 	st := hc.net.acquired(token)
 	hc.mu.Lock()
 	if hc.token != token {

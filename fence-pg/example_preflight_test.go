@@ -54,8 +54,8 @@ func ExampleLeaseStore_Preflight() {
 	}
 
 	_ = leasecore.Campaign(ctx, leases, "nightly-invoices", "host-a",
-		func(ctx context.Context, token leasecore.Token) error {
-			claim := leasecore.Claim{Scope: "invoices", Writer: "host-a", Token: token}
+		func(ctx context.Context, g leasecore.Grant) error {
+			claim := g.Claim("invoices") // the token and its token space
 			_, err := fence.Advance(ctx, claim)
 			return err // ... the job's fenced transactions
 		})

@@ -9,21 +9,25 @@ import (
 
 // Campaign makes holder the leader of lease name whenever it can, and runs
 // lead while it is: it acquires a Session (waiting while another holder has
-// the lease), calls lead with a context and the session's token, and
+// the lease), calls lead with a context and the session's grant, and
 // releases the lease when lead returns.
 //
 // The context lead gets is derived from ctx and is also cancelled when the
 // session ends, at its local deadline (even while a renewal hangs) or when a
 // renewal finds the hold lost; context.Cause then says why (an error
 // wrapping ErrLocalDeadline or ErrLost). Every write lead makes must carry
-// the token: the resource's check is what keeps a leader that was paused
-// past its lease from writing, not the context.
+// the grant's token, as g.Claim(scope) does (token space included, see
+// Claim.Space): the resource's check of it is what keeps a leader that was
+// paused past its lease from writing, not the context. g is the grant as
+// acquired: its Name, Holder, Token, TTL and Space hold while lead runs; its
+// Start is the acquire's (renewals do not move it).
 //
 // When the session ended before lead returned, Campaign campaigns again
 // (a new session, a larger token), whatever lead returned. When lead
 // returns while still leading, Campaign releases the lease and returns
 // lead's result: a leader that should lead for good blocks until its
-// context ends; a job that is done returns nil.
+// context ends; a job that is done returns nil (a job that should run once,
+// and not at all while another instance holds the lease, calls Run).
 //
 // While another holder has the lease (ErrHeld), Campaign waits with the
 // Lease's Waiter when it has one, else polls (WithPollInterval). Errors that
@@ -37,14 +41,10 @@ import (
 // deployment meets it at start-up from the backend's start-up check
 // (fencepg's Preflight) rather than in the campaign.
 //
-// The context lead gets also carries the session's grant: LeadGrant(ctx)
-// returns it, and LeadGrant(ctx).Claim(scope) is the claim to write under,
-// token space included (see Claim.Space).
-//
 // Campaign returns context.Cause(ctx) once ctx ends, after lead returned and
 // the lease was released. It starts no goroutine that outlives it.
 func Campaign(ctx context.Context, lease Lease, name, holder string,
-	lead func(ctx context.Context, token Token) error, opts ...CampaignOption) error {
+	lead func(ctx context.Context, g Grant) error, opts ...CampaignOption) error {
 	c, err := newCampaign(lease, name, holder, lead, opts)
 	if err != nil {
 		return err
@@ -139,14 +139,14 @@ type CampaignEvent struct {
 type campaign struct {
 	lease        Lease
 	name, holder string
-	lead         func(context.Context, Token) error
+	lead         func(context.Context, Grant) error
 	cfg          campaignConfig
 	sess         sessionConfig
 
 	lastSeen LeaseState // the other holding period last reported as observed
 }
 
-func newCampaign(lease Lease, name, holder string, lead func(context.Context, Token) error,
+func newCampaign(lease Lease, name, holder string, lead func(context.Context, Grant) error,
 	opts []CampaignOption) (*campaign, error) {
 	const op = "campaign"
 	var cfg campaignConfig
@@ -249,7 +249,8 @@ func (c *campaign) run(ctx context.Context) error {
 // leadOnce runs lead under sess and releases the lease afterwards. done
 // reports that the campaign is over, with err its result.
 func (c *campaign) leadOnce(ctx context.Context, sess *Session) (done bool, err error) {
-	token := sess.Token()
+	g := sess.Grant()
+	token := g.Token
 	// The release does not inherit ctx's end (ctx may be why lead returned)
 	// but is bounded like every request of the session's own.
 	closeSession := func() error {
@@ -267,11 +268,11 @@ func (c *campaign) leadOnce(ctx context.Context, sess *Session) (done bool, err 
 		}
 	}()
 	c.emit(CampaignEvent{Kind: CampaignElected, Token: token})
-	lctx, cancel := context.WithCancelCause(context.WithValue(ctx, leadGrantKey{}, sess.Grant()))
+	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := context.AfterFunc(sess.Context(), func() { cancel(context.Cause(sess.Context())) })
 	defer stop()
-	leadErr := c.lead(lctx, token)
+	leadErr := c.lead(lctx, g)
 	stop()
 	cancel(nil)
 
@@ -329,17 +330,4 @@ func (c *campaign) waitFree(ctx context.Context) bool {
 		return sleep(ctx, c.sess.clock, d)
 	}
 	return sleep(ctx, c.sess.clock, jitter(c.cfg.poll))
-}
-
-// leadGrantKey is the context key of the grant a Campaign's lead runs
-// under.
-type leadGrantKey struct{}
-
-// LeadGrant returns the grant under which a Campaign called lead with ctx
-// (or a context derived from it); ok is false for any other context. Its
-// Name, Holder, Token, TTL and Space stay valid while lead runs; Start is
-// the acquire's (renewals move the session's, not this copy's).
-func LeadGrant(ctx context.Context) (g Grant, ok bool) {
-	g, ok = ctx.Value(leadGrantKey{}).(Grant)
-	return g, ok
 }

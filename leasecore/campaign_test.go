@@ -25,7 +25,7 @@ type campaignRun struct {
 // startCampaign runs Campaign for holder on "report-job" with the fixture's
 // clock and the teaching parameters, polling every testPoll.
 func (f *fixture) startCampaign(t *testing.T, lease leasecore.Lease, holder string,
-	lead func(context.Context, leasecore.Token) error, extra ...leasecore.CampaignOption) *campaignRun {
+	lead func(context.Context, leasecore.Grant) error, extra ...leasecore.CampaignOption) *campaignRun {
 	t.Helper()
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &campaignRun{events: make(chan leasecore.CampaignEvent, 128), done: make(chan error, 1), cancel: cancel}
@@ -93,8 +93,9 @@ func TestCampaignLeadsOnceAndResigns(t *testing.T) {
 	f := newFixture(false)
 	jobErr := errors.New("job result")
 	var got atomic.Value
-	lead := func(ctx context.Context, token leasecore.Token) error {
-		got.Store(fmt.Sprintf("token %d value %v", token, ctx.Value(ctxKey{})))
+	lead := func(ctx context.Context, g leasecore.Grant) error {
+		got.Store(fmt.Sprintf("%s %s token %d ttl %v start %v value %v",
+			g.Name, g.Holder, g.Token, g.TTL, g.Start.Equal(epoch), ctx.Value(ctxKey{})))
 		return jobErr
 	}
 	ctx := context.WithValue(context.Background(), ctxKey{}, "from caller")
@@ -103,8 +104,8 @@ func TestCampaignLeadsOnceAndResigns(t *testing.T) {
 	if err != jobErr {
 		t.Errorf("Campaign = %v, want lead's result %v", err, jobErr)
 	}
-	if s, _ := got.Load().(string); s != "token 1 value from caller" {
-		t.Errorf("lead saw %q, want token 1 and the caller's value", s)
+	if s, _ := got.Load().(string); s != "report-job holder-a token 1 ttl 1.5s start true value from caller" {
+		t.Errorf("lead saw %q, want the grant as acquired (token 1) and the caller's value", s)
 	}
 	if st := f.inspect(t); st.Held || !st.Released {
 		t.Errorf("server state %+v, want released", st)
@@ -122,8 +123,8 @@ func TestCampaignPollsWhileHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	leading := make(chan leasecore.Token, 1)
-	r := f.startCampaign(t, inspectable{f.spy, f.leases}, "holder-a", func(ctx context.Context, token leasecore.Token) error {
-		leading <- token
+	r := f.startCampaign(t, inspectable{f.spy, f.leases}, "holder-a", func(ctx context.Context, g leasecore.Grant) error {
+		leading <- g.Token
 		<-ctx.Done()
 		return nil
 	})
@@ -167,7 +168,7 @@ func TestCampaignWaitsWithWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := f.startCampaign(t, f.spy, "holder-a", func(ctx context.Context, token leasecore.Token) error {
+	r := f.startCampaign(t, f.spy, "holder-a", func(ctx context.Context, _ leasecore.Grant) error {
 		<-ctx.Done()
 		return nil
 	})
@@ -205,7 +206,7 @@ func TestCampaignFallsBackToPollingWhenWaiterFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &failingWaiter{spyLease: f.spy}
-	r := f.startCampaign(t, w, "holder-a", func(ctx context.Context, token leasecore.Token) error {
+	r := f.startCampaign(t, w, "holder-a", func(ctx context.Context, _ leasecore.Grant) error {
 		<-ctx.Done()
 		return nil
 	})
@@ -229,8 +230,8 @@ func TestCampaignFallsBackToPollingWhenWaiterFails(t *testing.T) {
 func TestCampaignRecampaignsAfterLoss(t *testing.T) {
 	var causes chan error
 	var leading chan leasecore.Token
-	lead := func(ctx context.Context, token leasecore.Token) error {
-		leading <- token
+	lead := func(ctx context.Context, g leasecore.Grant) error {
+		leading <- g.Token
 		<-ctx.Done()
 		causes <- context.Cause(ctx)
 		return ctx.Err()
@@ -305,7 +306,7 @@ func TestCampaignBacksOffOnTransientErrors(t *testing.T) {
 	f := newFixture(false)
 	bl := &brokenLease{Lease: f.spy, err: fmt.Errorf("spy: connection refused: %w", leasecore.ErrUnavailable)}
 	bl.failures.Store(4)
-	r := f.startCampaign(t, bl, "holder-a", func(ctx context.Context, token leasecore.Token) error {
+	r := f.startCampaign(t, bl, "holder-a", func(ctx context.Context, _ leasecore.Grant) error {
 		<-ctx.Done()
 		return nil
 	}, leasecore.WithBackoff(100*time.Millisecond, 300*time.Millisecond))
@@ -334,7 +335,7 @@ func TestCampaignStopsOnPermanentErrors(t *testing.T) {
 			bl := &brokenLease{Lease: f.spy, err: perm}
 			bl.failures.Store(100)
 			err := leasecore.Campaign(context.Background(), bl, "report-job", "holder-a",
-				func(context.Context, leasecore.Token) error { t.Error("lead called"); return nil },
+				func(context.Context, leasecore.Grant) error { t.Error("lead called"); return nil },
 				leasecore.WithSessionOptions(leasecore.WithClock(f.local)))
 			if !errors.Is(err, perm) {
 				t.Errorf("Campaign = %v, want %v", err, perm)
@@ -347,7 +348,7 @@ func TestCampaignStopsOnPermanentErrors(t *testing.T) {
 	}
 	t.Run("bad input", func(t *testing.T) {
 		f := newFixture(false)
-		lead := func(context.Context, leasecore.Token) error { return nil }
+		lead := func(context.Context, leasecore.Grant) error { return nil }
 		err := leasecore.Campaign(context.Background(), f.spy, "", "holder-a", lead)
 		wantArgError(t, err, "acquire", "name")
 		f.spy.acquires.Store(0)
@@ -387,7 +388,7 @@ func TestCampaignEndsWhileWaiting(t *testing.T) {
 			done := make(chan error, 1)
 			go func() {
 				done <- leasecore.Campaign(ctx, lease, "report-job", "holder-a",
-					func(context.Context, leasecore.Token) error { return nil },
+					func(context.Context, leasecore.Grant) error { return nil },
 					leasecore.WithSessionOptions(leasecore.WithClock(f.local), leasecore.WithTTL(testTTL)))
 			}()
 			f.local.WaitTimers(t, 1) // waiting
@@ -416,7 +417,7 @@ func TestCampaignReleasesWhenLeadPanics(t *testing.T) {
 	recovered := func() (r any) {
 		defer func() { r = recover() }()
 		_ = leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a",
-			func(context.Context, leasecore.Token) error { panic("lead failed") },
+			func(context.Context, leasecore.Grant) error { panic("lead failed") },
 			leasecore.WithSessionOptions(leasecore.WithClock(f.local), leasecore.WithTTL(testTTL)))
 		return nil
 	}()

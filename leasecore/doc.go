@@ -52,7 +52,7 @@
 //
 // A replica that should lead continuously calls Campaign instead: it waits
 // for the lease (through the Lease's Waiter when it has one, else by
-// polling), runs the caller's function with the token and a context that
+// polling), runs the caller's function with the grant and a context that
 // ends when the lease can no longer be trusted (Session.Context), and
 // campaigns again after a loss.
 //

@@ -129,8 +129,8 @@ func ExampleCampaign() {
 	// The leader job: lead until ctx ends, or return when done (stepDown).
 	job := func(host string, stepDown <-chan struct{}) error {
 		return leasecore.Campaign(ctx, leases, "nightly-invoices", host,
-			func(ctx context.Context, token leasecore.Token) error {
-				leading <- fmt.Sprintf("%s leads with token %d", host, token) // write with token here
+			func(ctx context.Context, g leasecore.Grant) error {
+				leading <- fmt.Sprintf("%s leads with token %d", host, g.Token) // write with g.Claim(scope) here
 				select {
 				case <-ctx.Done(): // lost, past the local deadline, or shut down
 					return context.Cause(ctx)

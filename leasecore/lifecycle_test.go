@@ -405,7 +405,7 @@ func TestFenceLogger(t *testing.T) {
 func TestCampaignObserversAddUp(t *testing.T) {
 	f := newFixture(false)
 	second := make(chan leasecore.CampaignEvent, 64)
-	r := f.startCampaign(t, f.spy, "holder-a", func(context.Context, leasecore.Token) error { return nil },
+	r := f.startCampaign(t, f.spy, "holder-a", func(context.Context, leasecore.Grant) error { return nil },
 		leasecore.WithCampaignObserver(nil),
 		leasecore.WithCampaignObserver(func(ev leasecore.CampaignEvent) { second <- ev }))
 	r.next(t, leasecore.CampaignElected)

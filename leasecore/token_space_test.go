@@ -3,6 +3,7 @@ package leasecore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -126,21 +127,22 @@ func TestClaimsCarryTheSpace(t *testing.T) {
 		t.Error("SessionSet.Grant of a name not held: ok")
 	}
 
-	// Campaign's lead finds its grant, space included, in its context.
+	// Campaign's and Run's functions get the grant, space included.
 	f2 := newFixture(false)
-	lead := func(ctx context.Context, token leasecore.Token) error {
-		g, ok := leasecore.LeadGrant(ctx)
-		if !ok || g.Token != token || g.Space != "test:two" || g.Name != "report-job" {
-			return errors.New("LeadGrant: wrong grant")
+	spaced := spacedLease{Lease: f2.leases, space: "test:two"}
+	check := func(ctx context.Context, g leasecore.Grant) error {
+		if g.Space != "test:two" || g.Name != "report-job" || g.Claim("s").Space != "test:two" {
+			return fmt.Errorf("wrong grant %+v", g)
 		}
 		return nil
 	}
-	if err := leasecore.Campaign(context.Background(), spacedLease{Lease: f2.leases, space: "test:two"}, "report-job", "holder-a",
-		lead, leasecore.WithSessionOptions(leasecore.WithClock(f2.local), leasecore.WithTTL(testTTL))); err != nil {
+	if err := leasecore.Campaign(context.Background(), spaced, "report-job", "holder-a",
+		check, leasecore.WithSessionOptions(leasecore.WithClock(f2.local), leasecore.WithTTL(testTTL))); err != nil {
 		t.Errorf("Campaign: %v", err)
 	}
-	if _, ok := leasecore.LeadGrant(context.Background()); ok {
-		t.Error("LeadGrant of a context Campaign did not make: ok")
+	if err := leasecore.Run(context.Background(), spaced, "report-job", "holder-a",
+		check, leasecore.WithClock(f2.local), leasecore.WithTTL(testTTL)); err != nil {
+		t.Errorf("Run: %v", err)
 	}
 }
 

@@ -315,7 +315,7 @@ func TestHandoffMetrics(t *testing.T) {
 	reg, m := newMetrics(t)
 	leases := memfence.NewLeases(nil)
 	ctx := context.Background()
-	lead := func(context.Context, leasecore.Token) error { return nil }
+	lead := func(context.Context, leasecore.Grant) error { return nil }
 	for _, holder := range []string{"holder-a", "holder-b"} {
 		if err := leasecore.Campaign(ctx, leases, "leader", holder, lead,
 			leasecore.WithCampaignObserver(m.ObserveCampaign),

@@ -191,8 +191,8 @@ func startRun(parent context.Context, spec holderSpec, be *holderBackend, out *e
 	// pause (3 TTL).
 	opTimeout := 5*spec.TTL + 2*time.Second
 	writes := 0
-	lead := func(lctx context.Context, token leasecore.Token) error {
-		claim := leasecore.Claim{Scope: msg.Scope, Writer: msg.Holder, Token: token}
+	lead := func(lctx context.Context, g leasecore.Grant) error {
+		claim := leasecore.Claim{Scope: msg.Scope, Writer: msg.Holder, Token: g.Token}
 		if be.data.Fenced() {
 			res, err := log.fence(KindAdvance, claim, 0, "", func(*txProbe) (leasecore.Result, error) {
 				return be.data.Advance(lctx, claim)

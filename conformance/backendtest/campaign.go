@@ -32,8 +32,8 @@ func CampaignHandoff(tb testing.TB, leasesA, leasesB leasecore.Lease, name strin
 	elected, resign := make(chan leasecore.Token, 1), make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		err := leasecore.Campaign(ctx, leasesA, name, "a", func(ctx context.Context, tok leasecore.Token) error {
-			elected <- tok
+		err := leasecore.Campaign(ctx, leasesA, name, "a", func(ctx context.Context, g leasecore.Grant) error {
+			elected <- g.Token
 			<-resign
 			return nil
 		}, opts(func(leasecore.CampaignEvent) {})...)
@@ -54,8 +54,8 @@ func CampaignHandoff(tb testing.TB, leasesA, leasesB leasecore.Lease, name strin
 	}
 	bLeads := make(chan leadership, 1)
 	wg.Go(func() {
-		err := leasecore.Campaign(ctx, leasesB, name, "b", func(ctx context.Context, tok leasecore.Token) error {
-			bLeads <- leadership{tok, time.Now()}
+		err := leasecore.Campaign(ctx, leasesB, name, "b", func(ctx context.Context, g leasecore.Grant) error {
+			bLeads <- leadership{g.Token, time.Now()}
 			return nil
 		}, opts(func(ev leasecore.CampaignEvent) {
 			switch ev.Kind {

@@ -110,7 +110,7 @@ func TestAuthErrors(t *testing.T) {
 		}
 		retried := false
 		err = leasecore.Campaign(ctx, leases, "report-job", "holder-a",
-			func(context.Context, leasecore.Token) error { return nil },
+			func(context.Context, leasecore.Grant) error { return nil },
 			leasecore.WithCampaignObserver(func(ev leasecore.CampaignEvent) {
 				retried = retried || ev.Kind == leasecore.CampaignRetry
 			}))

@@ -285,7 +285,7 @@ func TestPermissionDenied(t *testing.T) {
 
 			// A campaign cannot heal this by retrying: it returns at once.
 			retried := false
-			err = leasecore.Campaign(ctx, leases, "n", "h", func(context.Context, leasecore.Token) error { return nil },
+			err = leasecore.Campaign(ctx, leases, "n", "h", func(context.Context, leasecore.Grant) error { return nil },
 				leasecore.WithCampaignObserver(func(ev leasecore.CampaignEvent) {
 					retried = retried || ev.Kind == leasecore.CampaignRetry
 				}))

@@ -350,7 +350,7 @@ func (e *env) handoffContests(ctx context.Context) (contests []*contest, closers
 				leasecore.WithSessionOptions(leasecore.WithTTL(handoffTTL)),
 				leasecore.WithCampaignObserver((*c).observe),
 			}, opts...)
-			return leasecore.Campaign(ctx, lease, name, holder, func(ctx context.Context, _ leasecore.Token) error {
+			return leasecore.Campaign(ctx, lease, name, holder, func(ctx context.Context, _ leasecore.Grant) error {
 				lead(ctx)
 				return nil
 			}, opts...)
