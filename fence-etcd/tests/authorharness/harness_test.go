@@ -1,8 +1,8 @@
-// Package authorharness_test is the README's "Running the conformance
-// suite against your own backend" example, compiled and run: the test file
-// a backend author on etcd writes, using only exported API (fenceetcd's
-// LeaseStore stands in for the author's lease). Keep it and the README's
-// copy the same.
+// Package authorharness_test is conformance/README.md's "Running the
+// conformance suite against your own backend" example, compiled and run:
+// the test file a backend author on etcd writes, using only exported API
+// (fenceetcd's LeaseStore stands in for the author's lease). Keep it and
+// that page's copy the same (TestREADMECopy).
 package authorharness_test
 
 import (
@@ -98,7 +98,7 @@ func (h *harness) OpenResource(ctx context.Context) (conformance.Resource, error
 
 // AmbiguousLease (X2): your lease on a client whose next Txn is carried
 // out and its answer lost. (A lease whose release is not a Txn needs an
-// interceptor of its own for that request: see the README.)
+// interceptor of its own for that request: see conformance/README.md.)
 func (h *harness) AmbiguousLease(ctx context.Context) (leasecore.Lease, func(), error) {
 	cli, lose, err := etcdconformance.DialLosingAnswers(ctx, h.srv.Endpoints())
 	if err != nil {

@@ -8,13 +8,13 @@ import (
 	"testing"
 )
 
-// TestREADMECopy: the README shows harness_test.go from its import block
-// on, verbatim, so that the snippet authors copy is the code that compiles
+// TestREADMECopy: conformance/README.md shows harness_test.go from its
+// import block on, verbatim, so that the snippet authors copy is the code that compiles
 // and passes here.
 func TestREADMECopy(t *testing.T) {
-	readme, err := os.ReadFile("../../../README.md")
+	readme, err := os.ReadFile("../../../conformance/README.md")
 	if errors.Is(err, fs.ErrNotExist) {
-		t.Skip("not in a checkout of the repository: no README.md three levels up")
+		t.Skip("not in a checkout of the repository: no conformance/README.md three levels up")
 	} else if err != nil {
 		t.Fatal(err)
 	}
@@ -29,6 +29,6 @@ func TestREADMECopy(t *testing.T) {
 	}
 	snippet := "```go\n" + strings.TrimRight(code[i:], "\n") + "\n```"
 	if !strings.Contains(string(readme), snippet) {
-		t.Errorf("README.md's harness snippet differs from harness_test.go (from its import block on): copy the file into the README")
+		t.Errorf("conformance/README.md's harness snippet differs from harness_test.go (from its import block on): copy the file into it")
 	}
 }

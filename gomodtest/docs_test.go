@@ -1,0 +1,144 @@
+package gomodtest
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDocsGoBlocks: every ```go block of the repository's Markdown
+// (README.md, docs/, conformance/README.md, …) is a run of consecutive
+// lines of a Go file that compiles with its package's tests — an example,
+// a test, or a function kept for the docs such as
+// fence-pg/example_docs_test.go — shifted left by a whole number of tabs.
+// A change of the API then breaks that file's build, and a change of the
+// file without the docs (or the other way round) fails here, naming the
+// block, so the docs cannot drift from the API.
+func TestDocsGoBlocks(t *testing.T) {
+	root := ".."
+	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
+		t.Skip("not in a checkout of the repository: no go.work one level up")
+	}
+	var docs []string
+	sources := map[string][]string{} // Go file → its lines
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "evidence" || name == "testdata" || name == "vendor") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		switch filepath.Ext(name) {
+		case ".md":
+			docs = append(docs, path)
+		case ".go":
+			b, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			if bytes.Contains(b, []byte("//go:build ignore")) {
+				return nil // never compiled
+			}
+			sources[path] = strings.Split(string(b), "\n")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := 0
+	for _, doc := range docs {
+		for _, b := range goBlocks(t, doc) {
+			blocks++
+			if !foundIn(b.lines, sources) {
+				rel, _ := filepath.Rel(root, doc)
+				t.Errorf("%s:%d: this Go block is no run of lines of a Go file in the repository: "+
+					"put the code in an example or test that compiles (e.g. fence-pg/example_docs_test.go) and copy it from there", rel, b.line)
+			}
+		}
+	}
+	if blocks == 0 {
+		t.Fatal("no ```go block found in the repository's Markdown: the walk is broken")
+	}
+	t.Logf("%d Go blocks in %d Markdown files, each found in a compiled Go file", blocks, len(docs))
+}
+
+type goBlock struct {
+	line  int // of the opening fence, 1-based
+	lines []string
+}
+
+// goBlocks returns the ```go blocks of the Markdown file at path.
+func goBlocks(t *testing.T, path string) []goBlock {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []goBlock
+	var cur *goBlock
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		switch {
+		case cur == nil && strings.TrimSpace(line) == "```go":
+			cur = &goBlock{line: n}
+		case cur != nil && strings.TrimSpace(line) == "```":
+			out = append(out, *cur)
+			cur = nil
+		case cur != nil:
+			cur.lines = append(cur.lines, line)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if cur != nil {
+		t.Fatalf("%s:%d: a ```go block that never ends", path, cur.line)
+	}
+	return out
+}
+
+// foundIn reports whether block is a run of consecutive lines of one of
+// the sources, every line shifted by the same number of tabs (empty lines
+// match empty lines).
+func foundIn(block []string, sources map[string][]string) bool {
+	if len(block) == 0 {
+		return true
+	}
+	first := block[0]
+	for _, lines := range sources {
+		for i := 0; i+len(block) <= len(lines); i++ {
+			indent, ok := strings.CutSuffix(lines[i], first)
+			if !ok || strings.Trim(indent, "\t") != "" {
+				continue
+			}
+			match := true
+			for j, want := range block[1:] {
+				got := lines[i+1+j]
+				if want == "" && got == "" {
+					continue
+				}
+				if got != indent+want {
+					match = false
+					break
+				}
+			}
+			if match {
+				return true
+			}
+		}
+	}
+	return false
+}
