@@ -270,10 +270,16 @@ func (c *campaign) leadOnce(ctx context.Context, sess *Session) (done bool, err 
 	c.emit(CampaignEvent{Kind: CampaignElected, Token: token})
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := context.AfterFunc(sess.Context(), func() { cancel(context.Cause(sess.Context())) })
+	fired := make(chan struct{})
+	stop := context.AfterFunc(sess.Context(), func() {
+		cancel(context.Cause(sess.Context()))
+		close(fired)
+	})
 	defer stop()
 	leadErr := c.lead(lctx, g)
-	stop()
+	if !stop() {
+		<-fired // the AfterFunc goroutine is done too: none outlives Campaign
+	}
 	cancel(nil)
 
 	ended := sess.Err() // nil: lead returned while the session still ran
