@@ -16,9 +16,9 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// The lease and the user data live in two databases of one cluster, as
-// SPEC's lease26 and res26 do: the resource cannot read the lease table by
-// accident.
+// The lease and the user data live in two databases of one cluster, as the
+// lab's lease26 and res26 do (examples/lease-fencing/cmd/lab): the resource
+// cannot read the lease table by accident.
 const (
 	pgLeaseDB = "torture_lease"
 	pgResDB   = "torture_res"

@@ -70,9 +70,10 @@ type pgEnv struct {
 // clients is the number of concurrent writers in the contention variants.
 const clients = 8
 
-// manyClients is the number of concurrent writers of the capacity variants
-// (issue 17: with 64 clients each writing its own scope, does the fence
-// keep up with plain upserts?). Each has a server connection of its own;
+// manyClients is the number of concurrent writers of the 64-client
+// variants, which ask whether the fence keeps up with plain upserts when
+// many clients each write their own scope (docs/performance.md, "Many
+// writers through one Resource"). Each has a server connection of its own;
 // with the bench's other pools that stays under max_connections (100).
 const manyClients = 64
 
