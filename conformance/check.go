@@ -205,7 +205,8 @@ func (c *caseRun) protect(fn func()) {
 }
 
 func newTestC(ctx context.Context, traits Traits, t *testing.T) *caseRun {
-	// t.Output keeps the article's line format: no file:line prefixes.
+	// t.Output keeps the line format of the lease-fencing article
+	// (SOURCES.md): no file:line prefixes.
 	return &caseRun{ctx: ctx, traits: traits, t: t, emit: func(kind, text string) {
 		if kind == kindFail {
 			t.Fail()
@@ -214,7 +215,8 @@ func newTestC(ctx context.Context, traits Traits, t *testing.T) *caseRun {
 	}}
 }
 
-// formatLine renders one output line in the article's format.
+// formatLine renders one output line in the format of the lease-fencing
+// article (SOURCES.md).
 func formatLine(kind, text string) string {
 	if kind == "" {
 		return "  " + text

@@ -10,8 +10,8 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// The scenario of the article: a daily report job with one scope and two
-// parts, run by holders holder-a and holder-b.
+// The scenario of the lease-fencing article (SOURCES.md): a daily report
+// job with one scope and two parts, run by holders holder-a and holder-b.
 const (
 	leaseName   = "daily-report"
 	scope       = "daily-report"
@@ -158,7 +158,7 @@ func (c *caseRun) awaitFree(insp leasecore.LeaseInspector, name string, ttl time
 }
 
 // latch pauses one writer inside a Gap until opened: the CountDownLatch of
-// the article's interleavings.
+// the interleavings of the lease-fencing article (SOURCES.md).
 type latch struct {
 	writer  string
 	paused  chan struct{} // closed when the writer reached the gap

@@ -13,7 +13,8 @@ import (
 // How values look in output lines: one place, so that the cases, X1's rows
 // and its state diffs print the same thing the same way.
 
-// describePart renders a part the way the article's notes do.
+// describePart renders a part the way the notes of the lease-fencing
+// article (SOURCES.md) do.
 func describePart(p leasecore.StoredPart, ok bool) string {
 	if !ok {
 		return "(none)"

@@ -8,13 +8,14 @@
 //	func TestConformance(t *testing.T) { conformance.Run(t, newHarness) }
 //
 // Each case of the suite (F1, F2, ...) is one experiment of the design
-// article: the normal path, the long-transaction clock, concurrent acquire,
-// the paused stale holder, the check-then-write race, fence granularity,
-// a server crash, side effects that cannot be fenced. Each check prints
-// "ok", "FAIL" or "note" with the invariant it verifies (I1, I2, I3) and the
-// expected and actual values. Negative controls run the same timelines
-// against designs that look plausible and fail, and pass only when the
-// failure really happens on the backend.
+// article the suite follows, the lease-fencing article (SOURCES.md): the
+// normal path, the long-transaction clock, concurrent acquire, the paused
+// stale holder, the check-then-write race, fence granularity, a server
+// crash, side effects that cannot be fenced. Each check prints "ok", "FAIL"
+// or "note" with the invariant it verifies (I1, I2, I3) and the expected
+// and actual values. Negative controls run the same timelines against
+// designs that look plausible and fail, and pass only when the failure
+// really happens on the backend.
 //
 // Cases F1u, F4u, F6u, F7u and F10u fence user data: the same timelines
 // (and advance, raising a scope's floor without data) against rows of the
@@ -66,8 +67,9 @@
 // lease to expire checks that it did within its TTL, the backend's TTL
 // granularity and a stated bound (a quarter of the TTL plus 100ms).
 //
-// Report runs the same cases outside "go test" and writes the article's
-// line format, ending in "SUMMARY passed=N failed=M".
+// Report runs the same cases outside "go test" and writes the line format
+// of the lease-fencing article (SOURCES.md), ending in
+// "SUMMARY passed=N failed=M".
 //
 // Abilities only some backends have are optional interfaces of the Harness.
 // A case skips only for an ability the backend declares absent (Traits.Absent),

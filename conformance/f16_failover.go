@@ -12,9 +12,10 @@ import (
 const holderC = "holder-c"
 
 // caseF16 crashes the member of a replicated deployment that serves writes
-// and lets another member serve: the boundary the article names for I2
-// ("the token increment must be durable; a failover to a replica that
-// lacks it reissues tokens") but never constructs.
+// and lets another member serve: the boundary the lease-fencing article
+// (SOURCES.md) names for I2 ("the token increment must be durable; a
+// failover to a replica that lacks it reissues tokens") but never
+// constructs.
 //
 // With synchronous replication (PostgreSQL: synchronous_commit=on and the
 // standby in synchronous_standby_names; etcd: a 3-member cluster, whose

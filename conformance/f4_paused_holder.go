@@ -8,10 +8,11 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// The F4/F5 timing, from the article: TTL 1500 ms, renewal every 400 ms,
-// local margin 300 ms, and the parent waits 3000 ms (two TTLs) to show that
-// renewal keeps an unpaused holder's lease. A backend with a larger minimum
-// TTL stretches all four by the same factor.
+// The F4/F5 timing, from the lease-fencing article (SOURCES.md):
+// TTL 1500 ms, renewal every 400 ms, local margin 300 ms, and the parent
+// waits 3000 ms (two TTLs) to show that renewal keeps an unpaused holder's
+// lease. A backend with a larger minimum TTL stretches all four by the
+// same factor.
 const (
 	pausedTTL     = 1500 * time.Millisecond
 	pausedRenew   = 400 * time.Millisecond

@@ -166,11 +166,12 @@ type ReportOptions struct {
 	Progress func(index, total int, res CaseResult, done bool)
 }
 
-// Report runs the suite outside go test and writes the article's format to
-// w: a "CASE Fn :: title" header per case, one "ok", "FAIL", "note" or
-// "skip" line per check, and a final "SUMMARY passed=N failed=M" line. It
-// returns an error only when writing to w fails or a selected case does
-// not exist; check Summary.Failed for the verdict.
+// Report runs the suite outside go test and writes the line format of the
+// lease-fencing article (SOURCES.md) to w: a "CASE Fn :: title" header per
+// case, one "ok", "FAIL", "note" or "skip" line per check, and a final
+// "SUMMARY passed=N failed=M" line. It returns an error only when writing
+// to w fails or a selected case does not exist; check Summary.Failed for
+// the verdict.
 func Report(ctx context.Context, w io.Writer, newHarness NewHarness, opts ReportOptions) (Summary, error) {
 	selected := cases
 	if len(opts.Cases) > 0 {

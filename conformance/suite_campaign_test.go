@@ -39,18 +39,18 @@ type pollingLease struct {
 }
 
 // serverClockScale stretches F12's and F13's terms on a doctored server
-// clock (the article's TTL 1500 ms, renewal every 400 ms, margin 300 ms,
-// polls every ttl/8), as a backend with a larger minimum TTL would
-// (Traits.MinTTL). Such a clock must fall between two bounds: A, renewing,
-// keeps its lease (a lease lasting ttl/r real time outlives the renew
-// interval and the renewal's lateness), and a waiter, polling, is in
-// before A's local deadline (ttl/r plus a poll and the waiter's lateness
-// before ttl - margin). At the article's terms and r = 2 that leaves
-// 350 ms and 262 ms of lateness; the flake hunt measured renewals 325 ms
-// late, elections 310 ms late and timers up to 370 ms late on a loaded
-// 2-CPU machine, and these tests failed 11 of 20. Three times the terms
-// leave 1050 ms and 790 ms; every bound the cases check is still derived
-// from the stretched terms.
+// clock (the terms of the lease-fencing article, SOURCES.md: TTL 1500 ms,
+// renewal every 400 ms, margin 300 ms; polls every ttl/8), as a backend
+// with a larger minimum TTL would (Traits.MinTTL). Such a clock must fall
+// between two bounds: A, renewing, keeps its lease (a lease lasting ttl/r
+// real time outlives the renew interval and the renewal's lateness), and a
+// waiter, polling, is in before A's local deadline (ttl/r plus a poll and
+// the waiter's lateness before ttl - margin). At these terms and r = 2 that
+// leaves 350 ms and 262 ms of lateness; the flake hunt measured renewals
+// 325 ms late, elections 310 ms late and timers up to 370 ms late on a
+// loaded 2-CPU machine, and these tests failed 11 of 20. Three times the
+// terms leave 1050 ms and 790 ms; every bound the cases check is still
+// derived from the stretched terms.
 const serverClockScale = 3
 
 func (h serverClockHarness) Traits() conformance.Traits {

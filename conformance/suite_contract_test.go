@@ -14,10 +14,11 @@ import (
 )
 
 // X2 must be able to fail: mutants of the in-memory lease service, each
-// broken in one of the ways issue 15 found a lock-based lease service
-// broken, and each failing X2's check named for that way. Every mutant is
-// memfence behind a client that does the wrong thing the way a real client
-// library or server would; Inspect tells the truth, as the server's state.
+// broken in one of the ways a lease service built on a lock (etcd's
+// concurrency.Mutex) is broken, and each failing X2's check named for that
+// way. Every mutant is memfence behind a client that does the wrong thing
+// the way a real client library or server would; Inspect tells the truth,
+// as the server's state.
 
 // mutantHarness is the in-memory harness whose lease clients, OpenLease's
 // and AmbiguousLease's, are clients of a broken lease service.
@@ -97,7 +98,9 @@ func (b base) current(ctx context.Context, name string, ttl time.Duration) (leas
 
 // releaseByName is an unlock that deletes the lock's key by name: it ends
 // whatever hold the name has, whoever holds it, and answers nil whether or
-// not there was one (a delete of no key succeeds). Issue 15, holes 1 and 2.
+// not there was one (a delete of no key succeeds). It breaks X2's holds
+// that are over (a release after expiry or after a take-over must fail
+// with ErrLost) and its retried release (etcd issue #22082 in SOURCES.md).
 type releaseByName struct{ base }
 
 func (l releaseByName) Release(ctx context.Context, g leasecore.Grant) error {

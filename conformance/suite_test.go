@@ -128,7 +128,7 @@ func TestReportFormat(t *testing.T) {
 	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 	for _, l := range lines {
 		if !line.MatchString(l) {
-			t.Errorf("line not in the article's format: %q", l)
+			t.Errorf("line not in the report's line format: %q", l)
 		}
 	}
 	if last := lines[len(lines)-1]; last != "SUMMARY passed="+strconv.Itoa(sum.Passed)+" failed=0" {

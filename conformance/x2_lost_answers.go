@@ -16,7 +16,7 @@ import (
 // ErrUnavailable. The retry must fail with ErrLost and leave holder-b's
 // hold alone. A release that deletes by name ends holder-b's hold instead,
 // and a third holder gets in while holder-b still believes it holds the
-// lease (etcd issue 22082).
+// lease (etcd issue #22082, SOURCES.md).
 func x2RetriedRelease(c *caseRun, h Harness) {
 	ao := need[AmbiguousOutcomes](c, h, AbilityAmbiguousOutcomes)
 	ctx := c.ctx

@@ -100,14 +100,15 @@
 // encoded so that byte order is numeric order. Its Guard is a compare the
 // caller puts into its own Txn, like concurrency.Mutex.IsOwner; its Commit
 // runs the caller's own transaction (its keys, its compares) nested under
-// that compare, in one atomic request, with no window between the check
-// and the write (I3), and reports accepted or rejected with the floor;
-// Advance raises the floor right after an acquire, cutting off a stale
-// holder before the new one writes anything. Resource, the article's part
-// store, is one user of the fence: a write is a Commit whose transaction
-// puts the part. Which attempts are logged is the caller's choice
-// (WithAttemptLog); reads of the log are bounded by time and count, and old
-// entries can be pruned (Fence.Attempts, Fence.PruneAttempts).
+// that compare, in one atomic request, with no window between the check and
+// the write (I3), and reports accepted or rejected with the floor; Advance
+// raises the floor right after an acquire, cutting off a stale holder
+// before the new one writes anything. Resource, the part store of the
+// lease-fencing article (SOURCES.md), is one user of the fence: a write is
+// a Commit whose transaction puts the part. Which attempts are logged is
+// the caller's choice (WithAttemptLog); reads of the log are bounded by
+// time and count, and old entries can be pruned (Fence.Attempts,
+// Fence.PruneAttempts).
 //
 // # Errors
 //

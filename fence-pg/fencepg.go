@@ -1,7 +1,8 @@
 // Package fencepg provides a PostgreSQL lease service that issues fencing
 // tokens (LeaseStore), the fence that checks them inside the caller's own
-// transaction (Fence), and the article's part store built on that fence
-// (Resource), implementing the interfaces of package leasecore.
+// transaction (Fence), and the part store of the lease-fencing article
+// (SOURCES.md) built on that fence (Resource), implementing the interfaces
+// of package leasecore.
 //
 // The lease service and the fence may live in two different databases,
 // each with its own pool: LeaseStore on the lease database, Fence on the

@@ -63,10 +63,10 @@ const (
 	// LogRejected records rejected checks only: an accepted write's own
 	// data already says who wrote it under which token. The default.
 	LogRejected AttemptLog = iota
-	// LogAll records every check, accepted or rejected; an accepted
-	// check's entry commits with the caller's transaction (and is gone
-	// with it when the caller rolls back). The lab and the conformance
-	// suite use it to print the article's evidence.
+	// LogAll records every check, accepted or rejected; an accepted check's
+	// entry commits with the caller's transaction (and is gone with it when
+	// the caller rolls back). The lab and the conformance suite use it to
+	// print the evidence the lease-fencing article (SOURCES.md) asks for.
 	LogAll
 	// LogNone records nothing.
 	LogNone

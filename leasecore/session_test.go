@@ -15,9 +15,9 @@ import (
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
-// The SPEC's teaching parameters: TTL 1500 ms, margin 300 ms, renew every
-// 400 ms. The local deadline is 1200 ms after the clock reading taken
-// before a request.
+// The teaching parameters of the lease-fencing article (SOURCES.md), as in
+// conformance case F4: TTL 1500 ms, margin 300 ms, renew every 400 ms. The
+// local deadline is 1200 ms after the clock reading taken before a request.
 const (
 	testTTL      = 1500 * time.Millisecond
 	testMargin   = 300 * time.Millisecond

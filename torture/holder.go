@@ -38,10 +38,11 @@ const (
 	// instead of <=, so a holder's second write under its token is refused
 	// (negative control: linearizability).
 	flavorStrict flavor = "strict"
-	// flavorNaive: the article's lease statements and a correct check of
-	// this package's own SQL, neither forcing durable commits, on a cluster
-	// with synchronous_commit=off (negative control: token reuse and lost
-	// acknowledged writes after immediate stops).
+	// flavorNaive: the lease statements of the lease-fencing article
+	// (SOURCES.md) and a correct check of this package's own SQL, neither
+	// forcing durable commits, on a cluster with synchronous_commit=off
+	// (negative control: token reuse and lost acknowledged writes after
+	// immediate stops).
 	flavorNaive flavor = "naive"
 	// flavorCheckFirst: fencepg's fenced transaction as it was before it
 	// decided at commit, in this package's own SQL — the check first, its
@@ -211,8 +212,9 @@ func startRun(parent context.Context, spec holderSpec, be *holderBackend, out *e
 				return context.Cause(lctx)
 			}
 			// The work between the check above and the write below: a pause
-			// (SIGSTOP) mostly lands here, and the write then follows without
-			// another look at the lease, as the article's stale holder does.
+			// (SIGSTOP) mostly lands here, and the write then follows
+			// without another look at the lease, as the stale holder of the
+			// lease-fencing article (SOURCES.md) does.
 			time.Sleep(msg.WorkMin + time.Duration(rng.Int64N(int64(msg.WorkMax-msg.WorkMin)+1)))
 			mask := uint8(1 + rng.IntN(1<<NumParts-1))
 			writes++

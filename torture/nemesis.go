@@ -124,14 +124,14 @@ type nemesisConfig struct {
 	// duration until another holder's write was acknowledged.
 	pauseUntilTakeover bool
 	// ackedPauseUntilTakeover does so for the pauses that struck right
-	// after an acknowledged write (plannedFault.AfterAck) only: the
-	// article's stale holder, frozen in its work with a write decided,
-	// thawed once a new holder has written, so that its next write is
-	// certainly stale. The plain pauses' late writes are mostly invoked
-	// before the new holder's write was acknowledged, where no real-time
-	// checker may call them stale (40 pg histories, one run each: 14 stale
-	// writes rejected with it, 6 without). It changes no schedule
-	// (planHistory does not read it).
+	// after an acknowledged write (plannedFault.AfterAck) only: the stale
+	// holder of the lease-fencing article (SOURCES.md), frozen in its work
+	// with a write decided, thawed once a new holder has written, so that
+	// its next write is certainly stale. The plain pauses' late writes are
+	// mostly invoked before the new holder's write was acknowledged, where
+	// no real-time checker may call them stale (40 pg histories, one run
+	// each: 14 stale writes rejected with it, 6 without). It changes no
+	// schedule (planHistory does not read it).
 	ackedPauseUntilTakeover bool
 	// earliest and latest start of a fault, as fractions of the window.
 	earliest, latest float64

@@ -16,16 +16,16 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// The lease and the user data live in two databases of one cluster, as
-// SPEC's lease26 and res26 do: the resource cannot read the lease table by
-// accident.
+// The lease and the user data live in two databases of one cluster, as the
+// lab's lease26 and res26 do (examples/lease-fencing/cmd/lab): the resource
+// cannot read the lease table by accident.
 const (
 	pgLeaseDB = "torture_lease"
 	pgResDB   = "torture_res"
 )
 
-// pgLeaseDDL is the naive lease's table (flavorNaive): the article's
-// schema, in this package's own schema.
+// pgLeaseDDL is the naive lease's table (flavorNaive): the lease table of
+// the lease-fencing article (SOURCES.md), in this package's own schema.
 const pgLeaseDDL = `CREATE SCHEMA IF NOT EXISTS torture;
 CREATE TABLE IF NOT EXISTS torture.lease (
   name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL CHECK (token > 0),
@@ -325,11 +325,11 @@ func (u *pgUnfenced) Write(ctx context.Context, c leasecore.Claim, parts []int, 
 }
 
 // sqlFence is this package's own fence in SQL, for two negative controls:
-// the article's conditional floor update in the transaction of the rows.
-// With strict it compares < instead of <= (flavorStrict: a holder's own
-// second write is refused). Without it, the check is correct, but nothing
-// forces a durable commit (flavorNaive, on a cluster with
-// synchronous_commit=off).
+// the conditional floor update of the lease-fencing article (SOURCES.md) in
+// the transaction of the rows. With strict it compares < instead of <=
+// (flavorStrict: a holder's own second write is refused). Without it, the
+// check is correct, but nothing forces a durable commit (flavorNaive, on a
+// cluster with synchronous_commit=off).
 type sqlFence struct {
 	pool   *pgxpool.Pool
 	strict bool
@@ -441,11 +441,11 @@ func (f *checkFirstFence) Write(ctx context.Context, c leasecore.Claim, parts []
 	return res, nil
 }
 
-// naiveLease is the article's lease, one autocommit statement per
-// operation, WITHOUT the library's forced durable commit: on a cluster
-// with synchronous_commit=off an acquire is acknowledged before its WAL is
-// written, and an immediate stop can take the token back. Negative control
-// only.
+// naiveLease is the lease of the lease-fencing article (SOURCES.md), one
+// autocommit statement per operation, WITHOUT the library's forced durable
+// commit: on a cluster with synchronous_commit=off an acquire is
+// acknowledged before its WAL is written, and an immediate stop can take
+// the token back. Negative control only.
 type naiveLease struct{ pool *pgxpool.Pool }
 
 var _ leasecore.Lease = (*naiveLease)(nil)

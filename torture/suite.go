@@ -28,7 +28,7 @@ type SuiteOptions struct {
 
 // timing is what differs between the backends: etcd's leases are whole
 // seconds (and its lessor revokes expired ones every 500 ms), PostgreSQL's
-// may be as short as the article's.
+// may be as short as those of the lease-fencing article (SOURCES.md).
 type timing struct {
 	ttl, window, settle, readEvery time.Duration
 }

@@ -7,7 +7,7 @@
 // not have it:
 //
 //   - Unfenced ignores tokens: a stale holder overwrites the newer holder's
-//     data (SPEC F5).
+//     data (F5).
 //   - CheckThenWrite reads the floor, decides, then writes the floor and the
 //     part in separate requests: an interleaving makes it accept a stale
 //     write and move the floor BACKWARDS (F6a).

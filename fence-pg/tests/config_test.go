@@ -25,9 +25,11 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// The configuration errors of issue 12 against the real server: each one
-// is checked for its sentinel (errors.Is) and for the words of its message
-// that tell the operator what to change.
+// Errors that come from how a deployment is configured, against the real
+// server: a refused DSN, missing grants, a pooler that breaks prepared
+// statements, the server's own timeouts, fsync off, a database nobody
+// migrated. Each error is checked for its sentinel (errors.Is) and for the
+// words of its message that tell the operator what to change.
 
 // wantErr fails the test unless err wraps want, wraps none of the other
 // sentinels a retry loop tells apart, and its message contains each of

@@ -78,7 +78,7 @@ func TestFencedWrite(t *testing.T) {
 	})
 }
 
-// TestFenceQueuesWriters pins the interleaving of SPEC F6b on the real
+// TestFenceQueuesWriters pins the interleaving of conformance case F6b on the real
 // server: writer A runs the fence statement and pauses before COMMIT
 // (internal/commitgap); writer B's statement on the same scope must block on
 // the lock A holds (seen in pg_stat_activity), and after A commits B

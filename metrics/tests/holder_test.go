@@ -119,7 +119,8 @@ func holderMain(dsn string) error {
 		return errors.New("stdin closed before the write")
 	}
 	// The write is the very next thing A does when it wakes: no check of
-	// the session in between, as in the article's F4.
+	// the session in between, as in F4 of the lease-fencing article
+	// (SOURCES.md).
 	res, err := fence.RunTx(ctx, claim, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, insertRow, claim.Writer, int64(claim.Token))
 		return err

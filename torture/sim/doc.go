@@ -41,14 +41,14 @@
 //     the local deadline, renewing every TTL/3, then release. A holder's
 //     clock runs at 1 ± 1 % of the servers' (drift bound 10,000 ppm); its
 //     local deadline is its clock read before the acquire or renew was
-//     sent, plus TTL, minus a margin of 20 ms (more than the 2 ms the
-//     drift can eat in a TTL). One
-//     write in a hundred is preceded by a pause after the check: the
-//     article's stale holder, which sends the write it had decided on when
-//     it wakes; 60 % of the pauses last 0.5–3 TTL and outlive the lease.
-//     A refused write (below the floor) ends the holding. An answer "moved
-//     to j" is followed at once by the client's routing layer, without
-//     another look at the lease.
+//     sent, plus TTL, minus a margin of 20 ms (more than the 2 ms the drift
+//     can eat in a TTL). One write in a hundred is preceded by a pause
+//     after the check: the stale holder of the lease-fencing article
+//     (SOURCES.md), which sends the write it had decided on when it wakes;
+//     60 % of the pauses last 0.5–3 TTL and outlive the lease. A refused
+//     write (below the floor) ends the holding. An answer "moved to j" is
+//     followed at once by the client's routing layer, without another look
+//     at the lease.
 //   - Moves (one at a time, every 5 ms on average): the mover seals the
 //     scope at its location i — a committed change after which i answers
 //     every write for it "moved to j" and whose answer carries the data and

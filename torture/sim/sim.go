@@ -786,9 +786,9 @@ func (s *sim) step(h *holder, st step) {
 		}
 		h.hops = 0
 		if s.rng.Float64() < s.cfg.pauseProb {
-			// The article's stale holder: frozen after its check, its
-			// renewals stop with it, and it sends the write it had
-			// decided on the moment it wakes.
+			// The stale holder of the lease-fencing article (SOURCES.md):
+			// frozen after its check, its renewals stop with it, and it
+			// sends the write it had decided on the moment it wakes.
 			d := s.between(0, s.cfg.shortMax)
 			if s.rng.Float64() < s.cfg.longShare {
 				d = s.between(s.cfg.longMin, s.cfg.longMax)

@@ -5,7 +5,7 @@
 // With a gap, Resource.Write and WriteBatch run BEGIN; the fence
 // statement; gap(ctx, w); COMMIT, so the write holds the scope's floor row
 // lock while gap runs and a test can show a second writer of the scope
-// waiting for it (SPEC F6b). If gap returns an error, the write is rolled
+// waiting for it (conformance case F6b). If gap returns an error, the write is rolled
 // back and returns that error (wrapped). Without one, the fence statement
 // runs alone in autocommit. A Fence ignores it.
 package commitgap

@@ -16,16 +16,16 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// TestPgxDefaultModeBehindPgBouncer reproduces issue 12's report: pgx's
-// default exec mode (cache_statement: a named prepared statement per SQL
-// text and connection, "stmtcache_...") behind PgBouncer in
-// pool_mode=transaction. Acquires and renews run on several connections of
-// one pgxpool; the pooler lends all of them the same few server
-// connections, where a statement one client prepared collides with
-// another's prepare of the same text (42P05) or is missing where the
-// client expects it (26000). The library must not pass that off as a
-// transient failure: the error wraps leasecore.ErrConfig and names the
-// setting that fixes it, default_query_exec_mode.
+// TestPgxDefaultModeBehindPgBouncer reproduces a deployment that fails in
+// a way retrying cannot fix: pgx's default exec mode (cache_statement: a
+// named prepared statement per SQL text and connection, "stmtcache_...")
+// behind PgBouncer in pool_mode=transaction. Acquires and renews run on
+// several connections of one pgxpool; the pooler lends all of them the
+// same few server connections, where a statement one client prepared
+// collides with another's prepare of the same text (42P05) or is missing
+// where the client expects it (26000). The library must not pass that off
+// as a transient failure: the error wraps leasecore.ErrConfig and names
+// the setting that fixes it, default_query_exec_mode.
 func TestPgxDefaultModeBehindPgBouncer(t *testing.T) {
 	cluster := pgtest.Cluster(t)
 	bouncer := pgbouncertest.StartTB(t, cluster, pgbouncertest.WithPoolSize(2))
@@ -79,7 +79,7 @@ func TestPgxDefaultModeBehindPgBouncer(t *testing.T) {
 	}
 	if failure == nil {
 		t.Fatalf("%d acquires and renews on %d connections of a pgxpool in pgx's default exec mode behind %s in transaction mode all succeeded: "+
-			"the collision of issue 12 did not happen", ops, conns, bouncer.Version())
+			"no prepared statement collided", ops, conns, bouncer.Version())
 	}
 	t.Logf("after %d operations: %v", ops, failure)
 	if !errors.Is(failure, leasecore.ErrConfig) {

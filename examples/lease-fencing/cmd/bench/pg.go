@@ -23,8 +23,9 @@ const plainUpsert = `INSERT INTO leasefence.report_part (scope, part, content, w
 ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
   token = EXCLUDED.token, written_at = clock_timestamp()`
 
-// The article's transaction-style fence: BEGIN; conditional floor UPDATE;
-// upsert; COMMIT — four round trips, the floor row locked across them.
+// The transaction-style fence of the lease-fencing article (SOURCES.md):
+// BEGIN; conditional floor UPDATE; upsert; COMMIT — four round trips, the
+// floor row locked across them.
 const articleFloorUpdate = `UPDATE leasefence.fence_floor SET max_token = $1 WHERE scope = $2 AND max_token <= $1`
 
 const content = "rows=100 total=12345.67 generated for the daily report"
@@ -70,9 +71,10 @@ type pgEnv struct {
 // clients is the number of concurrent writers in the contention variants.
 const clients = 8
 
-// manyClients is the number of concurrent writers of the capacity variants
-// (issue 17: with 64 clients each writing its own scope, does the fence
-// keep up with plain upserts?). Each has a server connection of its own;
+// manyClients is the number of concurrent writers of the 64-client
+// variants, which ask whether the fence keeps up with plain upserts when
+// many clients each write their own scope (docs/performance.md, "Many
+// writers through one Resource"). Each has a server connection of its own;
 // with the bench's other pools that stays under max_connections (100).
 const manyClients = 64
 
@@ -305,8 +307,8 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 	}, nil
 }
 
-// articleFence is the article's fence as a transaction of four round
-// trips (no attempt log).
+// articleFence is the fence of the lease-fencing article (SOURCES.md) as a
+// transaction of four round trips (no attempt log).
 func articleFence(ctx context.Context, pool *pgxpool.Pool) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {

@@ -23,9 +23,9 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 )
 
-// The lab's two databases, as in the article: lease state and resource
-// state on one temporary cluster, apart so the resource cannot read the
-// lease table by accident.
+// The lab's two databases, as in the lease-fencing article (SOURCES.md):
+// lease state and resource state on one temporary cluster, apart so the
+// resource cannot read the lease table by accident.
 const (
 	leaseDB    = "lease26"
 	resourceDB = "res26"

@@ -28,8 +28,9 @@ type limitsRow struct {
 	// words; they change when the figures do.
 	DowntimeFinding, ExpiryFinding string
 
-	// DelayFinding (F14), ClockFinding (F15) and FailoverFinding (F16)
-	// are what the cases for the article's untested boundaries printed.
+	// DelayFinding (F14), ClockFinding (F15) and FailoverFinding (F16) are
+	// what the cases for the boundaries the lease-fencing article
+	// (SOURCES.md) names but does not test printed.
 	DelayFinding, ClockFinding, FailoverFinding string
 }
 

@@ -1,9 +1,9 @@
-// Command report-job is the daily report job of the lease-fencing article,
-// written the way a user of leasefence would write it: several instances
-// run it; a Session decides which one works, and the job writes its report
-// into tables of its own (a header row and its lines) in one transaction
-// that fencepg.Fence checks with the session's fencing token, so a paused
-// instance's late transaction is rejected whole.
+// Command report-job is the daily report job of the lease-fencing article
+// (SOURCES.md), written the way a user of leasefence would write it:
+// several instances run it; a Session decides which one works, and the job
+// writes its report into tables of its own (a header row and its lines) in
+// one transaction that fencepg.Fence checks with the session's fencing
+// token, so a paused instance's late transaction is rejected whole.
 //
 // Start the lab's cluster (go run ./cmd/lab -serve), then run two
 // instances; see examples/lease-fencing/README.md for the kill -STOP demo.
