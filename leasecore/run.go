@@ -33,9 +33,11 @@ import (
 // Token, TTL and Space hold for the whole session; its Start is the
 // acquire's (renewals do not move it).
 //
-// Run returns job's result, refined in one case: when the session ended
-// while job ran and job returned an error, the error Run returns also wraps
-// the session's Err, so errors.Is(err, ErrLost) or errors.Is(err,
+// Run returns job's result, refined in one case: when the session had
+// ended by the time job returned an error (a renewal found the hold lost,
+// or the local deadline had passed by the session's clock, also when its
+// timer had not fired yet, as in a process just woken from a pause), the
+// error Run returns also wraps the session's Err, so errors.Is(err, ErrLost) or errors.Is(err,
 // ErrLocalDeadline) says why (an error from job that already wraps it, such
 // as context.Cause(ctx), is returned as it is). When job returns nil, Run
 // returns nil even if the session ended meanwhile: job reports its work
@@ -113,16 +115,20 @@ func runJob(ctx context.Context, sess *Session, cfg sessionConfig, job func(cont
 	})
 	defer stop()
 	jobErr := job(jctx, sess.Grant())
-	endedWhileRunning := !stop()
-	if endedWhileRunning {
+	// A process just woken from a pause (SIGSTOP, a GC pause) can run job
+	// to its end before the session's own timer goroutine runs: judge the
+	// local deadline by the session's clock now, so the end is reported
+	// whichever of the two runs first.
+	sess.endIfPastDeadline()
+	if !stop() {
 		<-fired // the AfterFunc goroutine is done too
 	}
 	cancel(nil)
-	ended := sess.Err() // set before the session's context was cancelled
+	ended := sess.Err() // nil: the session still ran when job returned
 	closed = true
 	closeSession()
 
-	if jobErr == nil || !endedWhileRunning || errors.Is(jobErr, ended) {
+	if jobErr == nil || ended == nil || errors.Is(jobErr, ended) {
 		return jobErr
 	}
 	return fmt.Errorf("%w; the session had ended: %w", jobErr, ended)

@@ -203,6 +203,24 @@ func TestRunSessionEndsWhileJobRuns(t *testing.T) {
 	}
 }
 
+// A job that returns an error as soon as its process wakes from a pause
+// longer than the local deadline, before the session's timer goroutine has
+// run: Run still reports that the session had ended.
+func TestRunReportsDeadlinePassedBeforeTheTimerRan(t *testing.T) {
+	for i := range 20 { // the timer goroutine would win some runs by itself
+		f := newFixture(false)
+		errDown := errors.New("job: the server ended the transaction")
+		done := f.startRun(context.Background(), leaseOnly{f.spy}, func(ctx context.Context, g leasecore.Grant) error {
+			f.local.Advance(testWindow) // the pause: the deadline passes by the session's clock
+			return errDown
+		})
+		err := runResult(t, done)
+		if !errors.Is(err, errDown) || !errors.Is(err, leasecore.ErrLocalDeadline) {
+			t.Fatalf("run %d: Run = %v, want the job's error wrapped with ErrLocalDeadline", i, err)
+		}
+	}
+}
+
 // The caller's context ends while job runs: job's context ends with the
 // caller's cause, Run returns job's error without any session error, and the
 // release still happens (it does not inherit the caller's end).

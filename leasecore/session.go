@@ -536,6 +536,19 @@ func earliestStart(start, realStart time.Time, g Grant) time.Time {
 
 func (s *Session) endDeadline(g Grant) { s.end(deadlineErr(g)) }
 
+// endIfPastDeadline ends the session at its local deadline when the
+// session's clock has passed it, without waiting for the renewal
+// goroutine's timer to fire. A renewal answered from now on cannot revive
+// it: an ended session stays ended.
+func (s *Session) endIfPastDeadline() {
+	s.mu.Lock()
+	past, g := s.err == nil && !s.clock.Now().Before(s.deadline), s.grant
+	s.mu.Unlock()
+	if past {
+		s.endDeadline(g)
+	}
+}
+
 func deadlineErr(g Grant) error {
 	return fmt.Errorf("leasecore: session %q token %d: %w", g.Name, g.Token, ErrLocalDeadline)
 }
