@@ -27,6 +27,7 @@ func etcdQuickStart(ctx context.Context, hostname, invoice string) error {
 	if err != nil {
 		return err
 	}
+	defer leases.Close() // waits for background clean-up; before cli.Close
 	fence, err := fenceetcd.NewFence(cli)
 	if err != nil {
 		return err

@@ -21,7 +21,9 @@ import (
 //   - Context errors are kept. An error while ctx is done, and a gRPC
 //     Canceled or DeadlineExceeded status (which the client reports when
 //     it gave up on ctx), wrap ctx.Err(), so callers match the context
-//     whatever the client made of it.
+//     whatever the client made of it, and the cause of its end when it
+//     has one of its own (a session's context ends with
+//     leasecore.ErrLocalDeadline or leasecore.ErrLost).
 //   - rpctypes.ErrLeaseNotFound wraps leasecore.ErrLost: the etcd lease
 //     behind a hold is gone, so the hold is over. Callers for whom it means
 //     something else (an acquire whose fresh lease expired before its key
@@ -58,9 +60,9 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 	prefix := pkg + ": " + op
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%s: %w", prefix, err)
+		return withCause(ctx, fmt.Errorf("%s: %w", prefix, err))
 	case ctx.Err() != nil:
-		return fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err)
+		return withCause(ctx, fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err))
 	case errors.Is(err, rpctypes.ErrLeaseNotFound), errors.Is(err, rpctypes.ErrGRPCLeaseNotFound):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrLost, err)
 	case errors.Is(err, rpctypes.ErrRequestTooLarge), errors.Is(err, rpctypes.ErrGRPCRequestTooLarge),
@@ -106,4 +108,15 @@ func grpcCode(err error) (codes.Code, string) {
 		return s.Code(), s.Message()
 	}
 	return codes.Unknown, err.Error()
+}
+
+// withCause adds the cause of ctx's end to err, when ctx ended with one
+// of its own (context.WithCancelCause), so that the caller reads, and can
+// match, why the context ended, not only that it did.
+func withCause(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if cause == nil || cause == ctx.Err() || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w (the context ended: %w)", err, cause)
 }

@@ -235,6 +235,24 @@ func TestMapError(t *testing.T) {
 	}
 }
 
+// A context that ended with a cause of its own (a session's, at its local
+// deadline) gives its cause to the mapped error as well as its error.
+func TestMapErrorKeepsTheContextsCause(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(fmt.Errorf("session: %w", leasecore.ErrLocalDeadline))
+	for _, err := range []error{context.Canceled, status.Error(codes.Canceled, "context canceled"), rpctypes.ErrNoLeader} {
+		got := MapError(ctx, "fenceetcd", "commit", err)
+		if !errors.Is(got, context.Canceled) || !errors.Is(got, leasecore.ErrLocalDeadline) || !errors.Is(got, err) {
+			t.Errorf("MapError(%v) = %v, want it to wrap context.Canceled, the cause ErrLocalDeadline and the client's error", err, got)
+		}
+	}
+	plain, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if got := MapError(plain, "fenceetcd", "commit", context.Canceled); got.Error() != "fenceetcd: commit: context canceled" {
+		t.Errorf("without a cause of its own: %q, want nothing added", got)
+	}
+}
+
 func TestRecordsRoundTrip(t *testing.T) {
 	w := leasecore.Write{Scope: "s", Part: "p", Content: "a\x01\"<>\u2028日报", Writer: "holder-a", Token: 7}
 	p, err := DecodePart("k", []byte(NewPartRecord(w).Encode()))
