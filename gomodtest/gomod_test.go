@@ -1,7 +1,10 @@
 package gomodtest
 
 import (
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -49,4 +52,51 @@ func TestSiblingReplaces(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestDeclaredVersionsAreTested fails when a module requires a third-party
+// module directly at a version other than the one the workspace builds
+// and tests with (the highest any module of go.work requires). A published
+// module's requirement is the minimum its users may get; declaring one
+// lower than the tested version (fence-pg at pgx v5.12.0 while every
+// module testing it pulled v5.13.0) promises a version no test ran
+// against. Raise the declaration to the tested version.
+func TestDeclaredVersionsAreTested(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed: %v", err)
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods := workspaceModules(t, root)
+	cmd := exec.Command(gobin, "list", "-m", "-f", "{{.Path}} {{.Version}}", "all")
+	cmd.Dir = root
+	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, "GOWORK=") || strings.HasPrefix(kv, "GOFLAGS=")
+	}), "GOWORK="+filepath.Join(root, "go.work"))
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -m all in the workspace: %v", err)
+	}
+	selected := map[string]string{}
+	for _, line := range strings.Split(string(out), "\n") {
+		if f := strings.Fields(line); len(f) == 2 {
+			selected[f[0]] = f[1]
+		}
+	}
+	n := 0
+	for _, m := range mods {
+		for _, r := range m.file.Require {
+			if r.Indirect || strings.HasPrefix(r.Mod.Path, repoPrefix) {
+				continue
+			}
+			n++
+			if v := selected[r.Mod.Path]; v != r.Mod.Version {
+				t.Errorf("%s requires %s %s, but the workspace builds and tests it at %s", m.path, r.Mod.Path, r.Mod.Version, v)
+			}
+		}
+	}
+	t.Logf("%d direct third-party requirements checked against the workspace's versions", n)
 }
