@@ -73,7 +73,7 @@ func TestConsumersWithoutReplace(t *testing.T) {
 	requireAbsent(t, "fence-pg user", pgUser,
 		"github.com/lib/pq", "github.com/ory/dockertest", "github.com/docker/docker",
 		repoPrefix+"conformance", repoPrefix+"fence-pg/pgtemp", repoPrefix+"fence-pg/pgconformance",
-		repoPrefix+"fence-pg/internal/pgopen", "go.etcd.io/etcd", "go.uber.org/goleak")
+		"go.etcd.io/etcd", "go.uber.org/goleak")
 	requirePresent(t, "fence-pg user", pgUser, "github.com/jackc/pgx/v5")
 
 	// A user of the Prometheus collectors: client_golang, and neither a

@@ -14,7 +14,10 @@ import (
 // the siblings it requires, each pointing at that sibling's directory. A
 // replace for a module it does not require is dead weight that hides which
 // siblings it needs; a required sibling without one would be fetched at
-// its version (not yet tagged) instead of built from the working tree.
+// its version (not yet tagged) instead of built from the working tree. It
+// also fails on a module whose path has an internal element: nothing
+// outside the repository could import its packages, yet every user whose
+// graph reaches it would need a replace line for it until a release.
 func TestSiblingReplaces(t *testing.T) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -26,6 +29,9 @@ func TestSiblingReplaces(t *testing.T) {
 		dirOf[m.path] = m.dir
 	}
 	for _, m := range mods {
+		if slices.Contains(strings.Split(m.path, "/"), "internal") {
+			t.Errorf("%s: a module under internal/ cannot be imported by its users; make it a package of a module they can import", m.path)
+		}
 		required := map[string]bool{}
 		for _, r := range m.file.Require {
 			if strings.HasPrefix(r.Mod.Path, repoPrefix) {
