@@ -96,8 +96,46 @@ func TestConsumersWithoutReplace(t *testing.T) {
 		map[string]string{"harness.go": "package harnessuser\n", "harness_test.go": harnessUserTest})
 	requirePresent(t, "harness user", harnessUser, "go.etcd.io/etcd/server/v3", "github.com/ory/dockertest/v3")
 
-	// An operator installs the command by version, outside any module.
+	// An operator installs the command by version, outside any module;
+	// go install loads the cli module's published go.mod as the main
+	// module, so the command's graph is that go.mod's. The command's tests
+	// and their servers are the cli/tests module: none of them may be in
+	// it (cli's go.mod once listed the etcd server and dockertest, pulled
+	// in by those tests).
 	installCommand(t, gobin, env, version)
+	cliGraph := publishedGraph(t, gobin, env, proxy, repoPrefix+"cli", version)
+	requireAbsent(t, "cli (go install)", cliGraph,
+		"go.etcd.io/etcd/server", "go.etcd.io/bbolt", "go.etcd.io/raft",
+		"github.com/ory/dockertest", "github.com/docker/docker", "github.com/lib/pq",
+		repoPrefix+"conformance", repoPrefix+"fence-pg/pgtemp", repoPrefix+"fence-pg/pgconformance",
+		repoPrefix+"fence-etcd/etcdtemp", repoPrefix+"fence-etcd/etcdconformance", repoPrefix+"cli/tests")
+	requirePresent(t, "cli (go install)", cliGraph, "github.com/jackc/pgx/v5", "go.etcd.io/etcd/client/v3")
+}
+
+// publishedGraph returns the module graph (go mod graph) of the module
+// path as published at version in the proxy, with its go.mod as the main
+// module: what go install path/...@version resolves.
+func publishedGraph(t *testing.T, gobin string, env []string, proxy, path, version string) string {
+	t.Helper()
+	escaped, err := module.EscapePath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(proxy, filepath.FromSlash(escaped), "@v", version+".mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), gomod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gobin, "mod", "graph")
+	cmd.Dir, cmd.Env = dir, env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s@%s: go mod graph: %v\n%s", path, version, err, out)
+	}
+	return string(out)
 }
 
 // installCommand runs go install .../cli/cmd/leasefence@version from a
@@ -430,13 +468,18 @@ func consumer(t *testing.T, gobin string, env []string, path, version string, de
 // requireAbsent fails for every module path prefix found in graph.
 func requireAbsent(t *testing.T, who, graph string, prefixes ...string) {
 	t.Helper()
+	found := false
 	for _, p := range prefixes {
 		for _, line := range strings.Split(graph, "\n") {
 			if f := strings.Fields(line); len(f) == 2 && strings.HasPrefix(f[1], p) {
 				t.Errorf("%s: module graph contains %s (edge %q)", who, p, line)
+				found = true
 				break
 			}
 		}
+	}
+	if found {
+		return
 	}
 	t.Logf("%s: module graph has %d edges, none to %s", who, strings.Count(graph, "\n"), strings.Join(prefixes, ", "))
 }
