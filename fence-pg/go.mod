@@ -3,7 +3,7 @@ module github.com/leasefence/leasefence/fence-pg
 go 1.26.8
 
 require (
-	github.com/jackc/pgx/v5 v5.12.0
+	github.com/jackc/pgx/v5 v5.13.0
 	github.com/leasefence/leasefence/leasecore v0.1.0
 )
 

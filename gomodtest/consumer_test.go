@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,7 +60,7 @@ func TestConsumersWithoutReplace(t *testing.T) {
 	// A user of the etcd backend: its module graph must not contain the
 	// etcd server (etcdtemp's dependency) nor any test harness.
 	etcdUser := consumer(t, gobin, env, "example.com/etcduser", version,
-		[]string{"fence-etcd", "leasecore"}, map[string]string{"main.go": etcdUserMain})
+		[]string{"fence-etcd", "leasecore"}, nil, map[string]string{"main.go": etcdUserMain})
 	requireAbsent(t, "fence-etcd user", etcdUser,
 		"go.etcd.io/etcd/server", "go.etcd.io/bbolt", "go.etcd.io/raft",
 		repoPrefix+"conformance", repoPrefix+"fence-etcd/etcdtemp", repoPrefix+"fence-etcd/etcdconformance",
@@ -69,18 +70,18 @@ func TestConsumersWithoutReplace(t *testing.T) {
 	// A user of the PostgreSQL backend: pgx, and nothing of the tests
 	// (lib/pq, Docker, throwaway clusters, the suite).
 	pgUser := consumer(t, gobin, env, "example.com/pguser", version,
-		[]string{"fence-pg", "leasecore"}, map[string]string{"main.go": pgUserMain})
+		[]string{"fence-pg", "leasecore"}, nil, map[string]string{"main.go": pgUserMain})
 	requireAbsent(t, "fence-pg user", pgUser,
 		"github.com/lib/pq", "github.com/ory/dockertest", "github.com/docker/docker",
 		repoPrefix+"conformance", repoPrefix+"fence-pg/pgtemp", repoPrefix+"fence-pg/pgconformance",
-		repoPrefix+"fence-pg/internal/pgopen", "go.etcd.io/etcd", "go.uber.org/goleak")
+		"go.etcd.io/etcd", "go.uber.org/goleak")
 	requirePresent(t, "fence-pg user", pgUser, "github.com/jackc/pgx/v5")
 
 	// A user of the Prometheus collectors: client_golang, and neither a
 	// backend nor anything of the tests (the metrics module's server tests
 	// are a module of their own).
 	metricsUser := consumer(t, gobin, env, "example.com/metricsuser", version,
-		[]string{"metrics", "leasecore"}, map[string]string{"main.go": metricsUserMain})
+		[]string{"metrics", "leasecore"}, nil, map[string]string{"main.go": metricsUserMain})
 	requireAbsent(t, "metrics user", metricsUser,
 		"github.com/jackc/pgx", "go.etcd.io/etcd", "github.com/ory/dockertest",
 		repoPrefix+"fence-pg", repoPrefix+"fence-etcd", repoPrefix+"conformance", repoPrefix+"metrics/tests")
@@ -93,11 +94,49 @@ func TestConsumersWithoutReplace(t *testing.T) {
 	harnessUser := consumer(t, gobin, env, "example.com/harnessuser", version,
 		[]string{"conformance", "fence-pg/pgtemp", "fence-pg/pgconformance", "fence-etcd/etcdtemp",
 			"fence-etcd/etcdconformance", "leasecore"},
-		map[string]string{"harness.go": "package harnessuser\n", "harness_test.go": harnessUserTest})
+		nil, map[string]string{"harness.go": "package harnessuser\n", "harness_test.go": harnessUserTest})
 	requirePresent(t, "harness user", harnessUser, "go.etcd.io/etcd/server/v3", "github.com/ory/dockertest/v3")
 
-	// An operator installs the command by version, outside any module.
+	// An operator installs the command by version, outside any module;
+	// go install loads the cli module's published go.mod as the main
+	// module, so the command's graph is that go.mod's. The command's tests
+	// and their servers are the cli/tests module: none of them may be in
+	// it (cli's go.mod once listed the etcd server and dockertest, pulled
+	// in by those tests).
 	installCommand(t, gobin, env, version)
+	cliGraph := publishedGraph(t, gobin, env, proxy, repoPrefix+"cli", version)
+	requireAbsent(t, "cli (go install)", cliGraph,
+		"go.etcd.io/etcd/server", "go.etcd.io/bbolt", "go.etcd.io/raft",
+		"github.com/ory/dockertest", "github.com/docker/docker", "github.com/lib/pq",
+		repoPrefix+"conformance", repoPrefix+"fence-pg/pgtemp", repoPrefix+"fence-pg/pgconformance",
+		repoPrefix+"fence-etcd/etcdtemp", repoPrefix+"fence-etcd/etcdconformance", repoPrefix+"cli/tests")
+	requirePresent(t, "cli (go install)", cliGraph, "github.com/jackc/pgx/v5", "go.etcd.io/etcd/client/v3")
+}
+
+// publishedGraph returns the module graph (go mod graph) of the module
+// path as published at version in the proxy, with its go.mod as the main
+// module: what go install path/...@version resolves.
+func publishedGraph(t *testing.T, gobin string, env []string, proxy, path, version string) string {
+	t.Helper()
+	escaped, err := module.EscapePath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(proxy, filepath.FromSlash(escaped), "@v", version+".mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "go.mod"), gomod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(gobin, "mod", "graph")
+	cmd.Dir, cmd.Env = dir, env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s@%s: go mod graph: %v\n%s", path, version, err, out)
+	}
+	return string(out)
 }
 
 // installCommand runs go install .../cli/cmd/leasefence@version from a
@@ -378,10 +417,12 @@ func consumerEnv(t *testing.T, gobin, proxy, version string) []string {
 }
 
 // consumer writes a module outside the repository that requires each of
-// deps (repository-relative module paths) at version, with files, runs
-// go mod tidy, go vet and go build on it, checks that its go.mod has no
-// replace directive, and returns its module graph (go mod graph).
-func consumer(t *testing.T, gobin string, env []string, path, version string, deps []string, files map[string]string) string {
+// deps (repository-relative module paths) at version, with a replace line
+// for each of replaces (repository-relative module path to directory) and
+// files, runs go mod tidy, go vet and go build on it, checks that its
+// go.mod has exactly the replace lines it was given, and returns its
+// module graph (go mod graph).
+func consumer(t *testing.T, gobin string, env []string, path, version string, deps []string, replaces map[string]string, files map[string]string) string {
 	t.Helper()
 	dir := t.TempDir()
 	var b strings.Builder
@@ -390,6 +431,9 @@ func consumer(t *testing.T, gobin string, env []string, path, version string, de
 		fmt.Fprintf(&b, "\t%s%s %s\n", repoPrefix, d, version)
 	}
 	b.WriteString(")\n")
+	for _, m := range slices.Sorted(maps.Keys(replaces)) {
+		fmt.Fprintf(&b, "\nreplace %s%s => %s\n", repoPrefix, m, replaces[m])
+	}
 	files["go.mod"] = b.String()
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -416,8 +460,8 @@ func consumer(t *testing.T, gobin string, env []string, path, version string, de
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(f.Replace) > 0 {
-		t.Errorf("%s: go.mod has replace directives after tidy:\n%s", path, data)
+	if len(f.Replace) != len(replaces) {
+		t.Errorf("%s: go.mod has %d replace directives after tidy, want %d:\n%s", path, len(f.Replace), len(replaces), data)
 	}
 	for _, d := range deps {
 		if !slices.ContainsFunc(f.Require, func(r *modfile.Require) bool { return r.Mod.Path == repoPrefix+d && r.Mod.Version == version }) {
@@ -430,13 +474,18 @@ func consumer(t *testing.T, gobin string, env []string, path, version string, de
 // requireAbsent fails for every module path prefix found in graph.
 func requireAbsent(t *testing.T, who, graph string, prefixes ...string) {
 	t.Helper()
+	found := false
 	for _, p := range prefixes {
 		for _, line := range strings.Split(graph, "\n") {
 			if f := strings.Fields(line); len(f) == 2 && strings.HasPrefix(f[1], p) {
 				t.Errorf("%s: module graph contains %s (edge %q)", who, p, line)
+				found = true
 				break
 			}
 		}
+	}
+	if found {
+		return
 	}
 	t.Logf("%s: module graph has %d edges, none to %s", who, strings.Count(graph, "\n"), strings.Join(prefixes, ", "))
 }

@@ -17,11 +17,10 @@ import (
 )
 
 // PKI is a certificate authority made at run time for one test (the TLS
-// tests of fence-pg and fence-etcd share it; etcdtemp, pgtemp and the cli
-// module keep small copies of their own, to keep this module out of their
-// graphs), with its
-// certificate in CAFile, issuing certificates into the test's temporary
-// directory.
+// tests of fence-pg, fence-etcd and the leasefence command share it;
+// etcdtemp and pgtemp keep small copies of their own, to keep this module
+// out of their graphs), with its certificate in CAFile, issuing
+// certificates into the test's temporary directory.
 type PKI struct {
 	CAFile string
 	dir    string

@@ -49,7 +49,6 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen v0.1.0 // indirect
 	github.com/lib/pq v1.12.3 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
@@ -112,7 +111,6 @@ replace (
 	github.com/leasefence/leasefence/fence-etcd/etcdconformance => ../../fence-etcd/etcdconformance
 	github.com/leasefence/leasefence/fence-etcd/etcdtemp => ../../fence-etcd/etcdtemp
 	github.com/leasefence/leasefence/fence-pg => ../../fence-pg
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen => ../../fence-pg/internal/pgopen
 	github.com/leasefence/leasefence/fence-pg/pgconformance => ../../fence-pg/pgconformance
 	github.com/leasefence/leasefence/fence-pg/pgtemp => ../../fence-pg/pgtemp
 	github.com/leasefence/leasefence/leasecore => ../../leasecore

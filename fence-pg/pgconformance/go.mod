@@ -6,9 +6,9 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/leasefence/leasefence/conformance v0.1.0
 	github.com/leasefence/leasefence/fence-pg v0.1.0
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen v0.1.0
 	github.com/leasefence/leasefence/fence-pg/pgtemp v0.1.0
 	github.com/leasefence/leasefence/leasecore v0.1.0
+	github.com/lib/pq v1.12.3
 )
 
 require (
@@ -28,7 +28,6 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/lib/pq v1.12.3 // indirect
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
 	github.com/moby/term v0.5.0 // indirect
@@ -50,7 +49,6 @@ require (
 replace (
 	github.com/leasefence/leasefence/conformance => ../../conformance
 	github.com/leasefence/leasefence/fence-pg => ..
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen => ../internal/pgopen
 	github.com/leasefence/leasefence/fence-pg/pgtemp => ../pgtemp
 	github.com/leasefence/leasefence/leasecore => ../../leasecore
 )

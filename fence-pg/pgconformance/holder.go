@@ -8,7 +8,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
 )

@@ -15,9 +15,9 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
@@ -95,7 +95,7 @@ func (h *harness) moveTarget(ctx context.Context) (*moves, error) {
 	if err := controls.Migrate(ctx); err != nil { // fencepg's resource tables too
 		return nil, err
 	}
-	if _, err := admin.DB().Exec(ctx, pgsql.TruncateResource); err != nil {
+	if _, err := dbOf(admin).Exec(ctx, pgsql.TruncateResource); err != nil {
 		return nil, pgstore.MapError(ctx, pkg, "truncate "+name, err)
 	}
 	if m.old, err = h.open(ctx, h.cfg.ResourceDSN, 1); err != nil {

@@ -31,9 +31,9 @@ import (
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/leasecore"
@@ -167,7 +167,7 @@ func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
 	if err != nil {
 		return nil, err
 	}
-	h.resAdmin = resAdmin.DB()
+	h.resAdmin = dbOf(resAdmin)
 
 	leases, err := leaseAdmin.LeaseStore(cfg.leaseOptions()...)
 	if err != nil {
@@ -189,7 +189,7 @@ func newHarness(ctx context.Context, cfg Config) (_ *harness, err error) {
 	for _, t := range []struct {
 		db   dbx.DB
 		stmt string
-	}{{leaseAdmin.DB(), pgsql.TruncateLease}, {h.resAdmin, pgsql.TruncateResource}} {
+	}{{dbOf(leaseAdmin), pgsql.TruncateLease}, {h.resAdmin, pgsql.TruncateResource}} {
 		if _, err := t.db.Exec(ctx, t.stmt); err != nil {
 			return nil, pgstore.MapError(ctx, pkg, "truncate", err)
 		}
@@ -339,7 +339,7 @@ func (h *harness) BeginLongTransaction(ctx context.Context) (conformance.LongTra
 	}
 	// database/sql rolls a transaction back when the context of BeginTx
 	// ends; this one must live until Rollback (or Close).
-	tx, err := c.DB().Begin(context.WithoutCancel(ctx))
+	tx, err := dbOf(c).Begin(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, pgstore.MapError(ctx, pkg, "begin", err)
 	}
@@ -421,6 +421,16 @@ func (h *harness) open(ctx context.Context, dsn string, maxConns int) (pgopen.Po
 		return pgopen.Pool{}, fmt.Errorf("%s: harness is closed", pkg)
 	}
 	return p, nil
+}
+
+// dbOf is the pool as fence-pg's internal dbx.DB, for the harness's own
+// statements. It is not a method of pgopen.Pool because pgopen is
+// importable from outside fence-pg, where dbx is not.
+func dbOf(p pgopen.Pool) dbx.DB {
+	if p.Pgx != nil {
+		return dbx.FromPool(p.Pgx)
+	}
+	return dbx.FromSQL(p.SQL)
 }
 
 // onClose registers f to run in Close; false when Close already ran.

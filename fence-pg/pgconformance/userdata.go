@@ -11,8 +11,8 @@ import (
 	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -133,7 +133,7 @@ func newUserResource(c pgopen.Pool, gap conformance.Gap, log fencepg.Option) (*u
 	if err != nil {
 		return nil, err
 	}
-	return &userResource{userRows: userRows{c.DB()}, fence: fence, pool: c, gap: gap}, nil
+	return &userResource{userRows: userRows{dbOf(c)}, fence: fence, pool: c, gap: gap}, nil
 }
 
 // Write implements leasecore.FencedResource: one fenced transaction that
@@ -215,7 +215,7 @@ func newMarkerFirst(c pgopen.Pool, log fencepg.Option) (*markerFirst, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &markerFirst{userRows: userRows{c.DB()}, parts: parts}, nil
+	return &markerFirst{userRows: userRows{dbOf(c)}, parts: parts}, nil
 }
 
 // Prepare writes the marker: the fenced part store's own write.

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )

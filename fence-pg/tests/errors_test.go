@@ -14,7 +14,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )

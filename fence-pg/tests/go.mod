@@ -6,7 +6,6 @@ require (
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/leasefence/leasefence/conformance v0.1.0
 	github.com/leasefence/leasefence/fence-pg v0.1.0
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen v0.1.0
 	github.com/leasefence/leasefence/fence-pg/pgconformance v0.1.0
 	github.com/leasefence/leasefence/fence-pg/pgtemp v0.1.0
 	github.com/leasefence/leasefence/leasecore v0.1.0
@@ -52,7 +51,6 @@ require (
 replace (
 	github.com/leasefence/leasefence/conformance => ../../conformance
 	github.com/leasefence/leasefence/fence-pg => ..
-	github.com/leasefence/leasefence/fence-pg/internal/pgopen => ../internal/pgopen
 	github.com/leasefence/leasefence/fence-pg/pgconformance => ../pgconformance
 	github.com/leasefence/leasefence/fence-pg/pgtemp => ../pgtemp
 	github.com/leasefence/leasefence/leasecore => ../../leasecore

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -21,7 +21,7 @@ import (
 func (f *fixture) leaseReads(t *testing.T, pool pgopen.Pool) int64 {
 	t.Helper()
 	ctx := t.Context()
-	if _, err := pool.DB().Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+	if _, err := pgtest.DB(pool).Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 		t.Fatal(err)
 	}
 	read := func() int64 {
@@ -257,7 +257,7 @@ func TestHolderSessionRenewAllGathersConcurrentRenewals(t *testing.T) {
 		}
 		commits := func() int64 {
 			t.Helper()
-			if _, err := pool.DB().Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			if _, err := pgtest.DB(pool).Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(100 * time.Millisecond)

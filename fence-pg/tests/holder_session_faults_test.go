@@ -14,10 +14,10 @@ import (
 	"github.com/leasefence/leasefence/conformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -51,7 +51,7 @@ func TestHolderSessionTokensAcrossCrash(t *testing.T) {
 			if err := store.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := pool.DB().Exec(ctx, pgsql.TruncateLease); err != nil {
+			if _, err := pgtest.DB(pool).Exec(ctx, pgsql.TruncateLease); err != nil {
 				t.Fatal(err)
 			}
 			control := controlCounter(t, cluster.DSN("lease_sess_crash"), "sess_"+driver)
@@ -593,7 +593,7 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	downgrade(p.DB())
+	downgrade(pgtest.DB(p))
 	wantErr(t, plain.CheckSchema(ctx), leasecore.ErrSchema, "leasefence.lease has no column session_id", "run Migrate")
 	wantErr(t, sess.CheckSchema(ctx), leasecore.ErrSchema, "leasefence.lease has no column session_id", "run Migrate")
 	if err := sess.Migrate(ctx); err != nil {
@@ -610,7 +610,7 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Without the function alone: out of date too.
-	if _, err := p.DB().Exec(ctx, `DROP FUNCTION leasefence.holder_session_expiry(text, uuid)`); err != nil {
+	if _, err := pgtest.DB(p).Exec(ctx, `DROP FUNCTION leasefence.holder_session_expiry(text, uuid)`); err != nil {
 		t.Fatal(err)
 	}
 	wantErr(t, plain.CheckSchema(ctx), leasecore.ErrSchema, "function leasefence.holder_session_expiry is missing")
@@ -622,7 +622,7 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 	}
 	// A schema of holder sessions made before generations (no column, no
 	// trigger): out of date for the mode only; Migrate adds both.
-	if _, err := p.DB().Exec(ctx, `DROP TRIGGER lease_detached_from_session ON leasefence.lease;
+	if _, err := pgtest.DB(p).Exec(ctx, `DROP TRIGGER lease_detached_from_session ON leasefence.lease;
 		ALTER TABLE leasefence.holder_session DROP COLUMN generation`); err != nil {
 		t.Fatal(err)
 	}

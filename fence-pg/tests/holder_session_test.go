@@ -10,7 +10,7 @@ import (
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -275,7 +275,7 @@ func TestHolderSessionRenewWritesOneRow(t *testing.T) {
 		}
 		stats := func() (leaseUpd, sessionUpd int64) {
 			t.Helper()
-			if _, err := pool.DB().Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			if _, err := pgtest.DB(pool).Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
 				t.Fatal(err)
 			}
 			read := func() (int64, int64) {

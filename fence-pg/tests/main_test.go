@@ -11,9 +11,9 @@ import (
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -57,7 +57,7 @@ func newFixture(t *testing.T, driver string) *fixture {
 	f := &fixture{driver: driver, leaseDSN: dsns.([2]string)[0], resDSN: dsns.([2]string)[1]}
 	f.leasePool = pgtest.Open(t, driver, f.leaseDSN, 4)
 	f.resPool = pgtest.Open(t, driver, f.resDSN, 4)
-	f.leaseDB, f.resourceDB = f.leasePool.DB(), f.resPool.DB()
+	f.leaseDB, f.resourceDB = pgtest.DB(f.leasePool), pgtest.DB(f.resPool)
 	var err error
 	if f.leases, err = f.leasePool.LeaseStore(); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -65,7 +65,7 @@ func TestMigrate(t *testing.T) {
 					{procs[0].lease, "DROP TABLE leasefence.lease"},
 					{procs[0].res, "DROP TABLE leasefence.fence_floor, leasefence.report_part, leasefence.write_attempt, leasefence.published"},
 				} {
-					if _, err := drop.p.DB().Exec(ctx, drop.stmt); err != nil {
+					if _, err := pgtest.DB(drop.p).Exec(ctx, drop.stmt); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -41,7 +41,7 @@ func newMoveTarget(t *testing.T, driver string) fenceFixture {
 	}
 	f := &fixture{driver: driver, resDSN: dsn.(string)}
 	f.resPool = pgtest.Open(t, driver, f.resDSN, 4)
-	f.resourceDB = f.resPool.DB()
+	f.resourceDB = pgtest.DB(f.resPool)
 	var err error
 	if f.res, err = f.resPool.Resource(fencepg.WithAttemptLog(leasecore.LogAll)); err != nil {
 		t.Fatal(err)

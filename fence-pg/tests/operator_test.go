@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )

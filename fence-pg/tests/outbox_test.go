@@ -16,7 +16,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -536,7 +536,7 @@ func TestOutboxRuntimeRole(t *testing.T) {
 			GRANT SELECT, INSERT, UPDATE ON app_fence.fence_floor TO %[1]s;
 			GRANT SELECT, INSERT ON app_fence.write_attempt TO %[1]s;`, role)
 		for _, s := range []string{ddl, grants} {
-			if _, err := owner.DB().Exec(ctx, s); err != nil {
+			if _, err := pgtest.DB(owner).Exec(ctx, s); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -547,13 +547,13 @@ func TestOutboxRuntimeRole(t *testing.T) {
 		u.User = url.User(role)
 		p := pgtest.Open(t, driver, u.String(), 2)
 		opt := fencepg.WithSchema("app_fence")
-		f := outboxFixture{fenceFixture{&fixture{resPool: p, resourceDB: p.DB()}, openFence(t, p, opt)}, openOutbox(t, p, opt)}
+		f := outboxFixture{fenceFixture{&fixture{resPool: p, resourceDB: pgtest.DB(p)}, openFence(t, p, opt)}, openOutbox(t, p, opt)}
 		err = f.outbox.Preflight(ctx)
 		if !errors.Is(err, leasecore.ErrConfig) || !strings.Contains(err.Error(), "GRANT INSERT, UPDATE ON app_fence.outbox TO "+role) &&
 			!strings.Contains(err.Error(), "GRANT SELECT, INSERT, UPDATE ON app_fence.outbox TO "+role) {
 			t.Fatalf("preflight without outbox grants: %v", err)
 		}
-		if _, err := owner.DB().Exec(ctx, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON app_fence.outbox TO %s`, role)); err != nil {
+		if _, err := pgtest.DB(owner).Exec(ctx, fmt.Sprintf(`GRANT SELECT, INSERT, UPDATE, DELETE ON app_fence.outbox TO %s`, role)); err != nil {
 			t.Fatal(err)
 		}
 		if err := f.outbox.Preflight(ctx); err != nil {

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -27,7 +27,7 @@ func TestSchemaNoCollision(t *testing.T) {
 		dsn := pgtest.CreateDB(t, "collide_"+driver)
 		p := pgtest.Open(t, driver, dsn, 4)
 		ctx := context.Background()
-		if _, err := p.DB().Exec(ctx, `CREATE TABLE public.lease (id int PRIMARY KEY, tenant text);
+		if _, err := pgtest.DB(p).Exec(ctx, `CREATE TABLE public.lease (id int PRIMARY KEY, tenant text);
 			CREATE TABLE public.fence_floor (x int); INSERT INTO public.lease VALUES (1, 'acme')`); err != nil {
 			t.Fatal(err)
 		}
@@ -50,12 +50,12 @@ func TestSchemaNoCollision(t *testing.T) {
 			}
 			var n int
 			q := fmt.Sprintf(`SELECT (SELECT count(*) FROM %s.lease) + (SELECT count(*) FROM %s.fence_floor)`, schema, schema)
-			if err := p.DB().QueryRow(ctx, q).Scan(&n); err != nil || n != 2 {
+			if err := pgtest.DB(p).QueryRow(ctx, q).Scan(&n); err != nil || n != 2 {
 				t.Fatalf("%s: library rows = %d, %v; want 2", schema, n, err)
 			}
 		}
 		var tenant string
-		if err := p.DB().QueryRow(ctx, `SELECT tenant FROM public.lease WHERE id = 1`).Scan(&tenant); err != nil || tenant != "acme" {
+		if err := pgtest.DB(p).QueryRow(ctx, `SELECT tenant FROM public.lease WHERE id = 1`).Scan(&tenant); err != nil || tenant != "acme" {
 			t.Fatalf("the application's own lease table: %q, %v", tenant, err)
 		}
 	})
@@ -94,7 +94,7 @@ func TestSchemaForeignOrOutdated(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := pgtest.Open(t, pgopen.Pgx, pgtest.CreateDB(t, "foreign"), 2)
-			if _, err := p.DB().Exec(ctx, tc.ddl); err != nil {
+			if _, err := pgtest.DB(p).Exec(ctx, tc.ddl); err != nil {
 				t.Fatal(err)
 			}
 			leases, res := openStores(t, p, fencepg.WithSchema("s"))
@@ -170,7 +170,7 @@ func TestRuntimeRole(t *testing.T) {
 			GRANT SELECT, INSERT, UPDATE ON app_fence.fence_floor, app_fence.report_part TO %[1]s;
 			GRANT SELECT, INSERT, DELETE ON app_fence.write_attempt TO %[1]s;`, role)
 		for _, s := range []string{leaseDDL, resDDL, grants} {
-			if _, err := owner.DB().Exec(ctx, s); err != nil {
+			if _, err := pgtest.DB(owner).Exec(ctx, s); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -181,7 +181,7 @@ func TestRuntimeRole(t *testing.T) {
 		u.User = url.User(role) // the throwaway cluster trusts loopback connections
 		p := pgtest.Open(t, driver, u.String(), 2)
 		var canCreate bool
-		if err := p.DB().QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE') OR has_schema_privilege('public', 'CREATE') OR has_schema_privilege('app_fence', 'CREATE')`).Scan(&canCreate); err != nil || canCreate {
+		if err := pgtest.DB(p).QueryRow(ctx, `SELECT has_database_privilege(current_database(), 'CREATE') OR has_schema_privilege('public', 'CREATE') OR has_schema_privilege('app_fence', 'CREATE')`).Scan(&canCreate); err != nil || canCreate {
 			t.Fatalf("runtime role can create: %t, %v", canCreate, err)
 		}
 		opt := fencepg.WithSchema("app_fence")

@@ -18,7 +18,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -124,7 +124,7 @@ func TestSSLVerifyFull(t *testing.T) {
 		p := pgtest.Open(t, driver, s.dsn("leasefence_app", appPassword, nil), 1)
 		var ssl bool
 		var version string
-		if err := p.DB().QueryRow(ctx, `SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl, &version); err != nil || !ssl {
+		if err := pgtest.DB(p).QueryRow(ctx, `SELECT ssl, version FROM pg_stat_ssl WHERE pid = pg_backend_pid()`).Scan(&ssl, &version); err != nil || !ssl {
 			t.Fatalf("pg_stat_ssl: ssl %t (%s), %v", ssl, version, err)
 		}
 		t.Logf("verify-full to 127.0.0.1: connected over %s", version)
@@ -249,7 +249,7 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 			t.Fatalf("release: %v", err)
 		}
 		var result string
-		if err := p.DB().QueryRow(ctx, `SELECT result FROM jobs.job_run WHERE scope = $1`, scope).Scan(&result); err != nil || result != "done by host-1" {
+		if err := pgtest.DB(p).QueryRow(ctx, `SELECT result FROM jobs.job_run WHERE scope = $1`, scope).Scan(&result); err != nil || result != "done by host-1" {
 			t.Fatalf("the job's row: %q %v", result, err)
 		}
 	})

@@ -160,7 +160,7 @@ func secondLeaseService(t *testing.T, driver string) (*fencepg.LeaseStore, dbx.D
 	if err := leases.Migrate(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	return leases, p.DB()
+	return leases, pgtest.DB(p)
 }
 
 // acquireTimes acquires and releases name n times on leases and returns

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/conformance"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 )
 
@@ -73,7 +73,7 @@ func TestHolderSessionsConfig(t *testing.T) {
 	}
 	defer admin.Close()
 	var onSession int
-	if err := admin.DB().QueryRow(ctx, `SELECT count(*) FROM leasefence.lease WHERE name = 'job' AND session_id IS NOT NULL`).Scan(&onSession); err != nil || onSession != 1 {
+	if err := pgtest.DB(admin).QueryRow(ctx, `SELECT count(*) FROM leasefence.lease WHERE name = 'job' AND session_id IS NOT NULL`).Scan(&onSession); err != nil || onSession != 1 {
 		t.Fatalf("the harness's acquire: %d rows on a session, %v; want 1", onSession, err)
 	}
 

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgbouncertest"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
@@ -62,7 +62,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			}
 			// After it, on every server connection: the server's values.
 			for i := range 4 {
-				if err := pool.DB().QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle); err != nil {
+				if err := pgtest.DB(pool).QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle); err != nil {
 					t.Fatal(err)
 				}
 				if lock != "0" || idle != "0" {
@@ -72,7 +72,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 
 			// A writer behind a held floor lock gives up after the lock timeout.
 			holder := pgtest.Open(t, pc.driver, bouncer.DSN(db, pc.params...), 1)
-			tx, err := holder.DB().Begin(ctx)
+			tx, err := pgtest.DB(holder).Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +95,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			// A transaction idle longer than the idle timeout is ended by the
 			// server; nothing of it commits. (RunTx raised the floor to 2
 			// before fn ran, in a transaction of its own: that stays.)
-			if _, err := pool.DB().Exec(ctx, `CREATE TABLE IF NOT EXISTS public.idle_probe (k int PRIMARY KEY)`); err != nil {
+			if _, err := pgtest.DB(pool).Exec(ctx, `CREATE TABLE IF NOT EXISTS public.idle_probe (k int PRIMARY KEY)`); err != nil {
 				t.Fatal(err)
 			}
 			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(q querier) error {
@@ -112,7 +112,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			}
 			t.Logf("idle transaction behind the pooler: %v", err)
 			var rows int
-			if err := pool.DB().QueryRow(ctx, `SELECT count(*) FROM public.idle_probe`).Scan(&rows); err != nil || rows != 0 {
+			if err := pgtest.DB(pool).QueryRow(ctx, `SELECT count(*) FROM public.idle_probe`).Scan(&rows); err != nil || rows != 0 {
 				t.Fatalf("rows of the ended transaction: %d, %v, want 0 (nothing committed)", rows, err)
 			}
 			if floor, err := fence.Floor(ctx, scope); err != nil || floor != 2 {

@@ -14,7 +14,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/leasefence/leasefence/fence-pg/internal/pgopen"
+	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 )
 
@@ -95,4 +96,14 @@ func ForEachDriver(t *testing.T, f func(t *testing.T, driver string)) {
 	for _, d := range pgopen.Drivers {
 		t.Run(d, func(t *testing.T) { f(t, d) })
 	}
+}
+
+// DB returns the pool as fence-pg's internal dbx.DB, for statements the
+// tests run beside the stores. pgopen.Pool has no such method: pgopen is
+// importable from outside fence-pg, where dbx is not.
+func DB(p pgopen.Pool) dbx.DB {
+	if p.Pgx != nil {
+		return dbx.FromPool(p.Pgx)
+	}
+	return dbx.FromSQL(p.SQL)
 }

@@ -18,8 +18,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/leasefence/leasefence/cli/internal/clitest"
 	"github.com/leasefence/leasefence/cli/internal/command"
+	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
@@ -42,7 +42,7 @@ func runEnv(t *testing.T, env map[string]string, args ...string) result {
 // or variable, before anything is sent (the endpoint points nowhere).
 func TestTLSUsageErrors(t *testing.T) {
 	dir := t.TempDir()
-	pki := clitest.NewPKI(t, "usage")
+	pki := backendtest.NewPKI(t, "usage")
 	cert, key := pki.Issue(t, "client", "ops")
 	notPEM := filepath.Join(dir, "not.pem")
 	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
@@ -97,7 +97,7 @@ func TestTLSUsageErrors(t *testing.T) {
 // certificate, a server certificate from another CA, a user whose role
 // does not cover the prefix, a host name the certificate does not name.
 func TestTLSAndAuth(t *testing.T) {
-	pki := clitest.NewPKI(t, "tls")
+	pki := backendtest.NewPKI(t, "tls")
 	loop := net.ParseIP("127.0.0.1")
 	srvCert, srvKey := pki.Issue(t, "etcd-server", "etcd-server", loop)
 	adminCert, adminKey := pki.Issue(t, "etcdtemp", "etcdtemp")
@@ -183,7 +183,7 @@ func TestTLSAndAuth(t *testing.T) {
 				"certificate required", "check --cacert, --cert and --key")
 		})
 		t.Run("server certificate from another CA", func(t *testing.T) {
-			other := clitest.NewPKI(t, "other")
+			other := backendtest.NewPKI(t, "other")
 			refused(t, run(t, "status", "nightly", "--endpoints", ep, "--cacert", other.CAFile, "--cert", opsCert, "--key", opsKey,
 				"--user", "ops:"+opsPassword, "--timeout", "2s"),
 				"certificate signed by unknown authority", "check --cacert, --cert and --key")
@@ -254,7 +254,7 @@ func TestTLSAndAuth(t *testing.T) {
 			t.Log(strings.TrimSpace(r.stderr))
 		}
 		refused(t, run(t, "status", "--dsn", kv("localhost", pki.CAFile), "--timeout", "5s"), "wanted to match localhost")
-		refused(t, run(t, "status", "--dsn", kv("127.0.0.1", clitest.NewPKI(t, "other").CAFile), "--timeout", "5s"),
+		refused(t, run(t, "status", "--dsn", kv("127.0.0.1", backendtest.NewPKI(t, "other").CAFile), "--timeout", "5s"),
 			"certificate signed by unknown authority")
 		refused(t, run(t, "status", "--dsn", strings.Replace(dsn, "sslmode=verify-full", "sslmode=disable", 1), "--timeout", "5s"),
 			"no encryption")

@@ -16,17 +16,19 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/leasefence/leasefence/cli/internal/clitest"
+	"github.com/leasefence/leasefence/cli/tests/internal/clitest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 )
 
 func TestMain(m *testing.M) { clitest.Main(m) }
 
-// build compiles the command once per test into a temporary directory.
+// build compiles the command once per test into a temporary directory,
+// from the cli module as this module requires it (its directory, through
+// go.work or the replace line).
 func build(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "leasefence")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/leasefence/leasefence/cli/cmd/leasefence").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

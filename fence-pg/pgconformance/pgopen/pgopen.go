@@ -1,6 +1,8 @@
 // Package pgopen opens a connection pool with either driver fence-pg
 // supports and builds fence-pg's stores on it, so the conformance harness
-// and the tests choose a driver by name and share one code path.
+// and fence-pg's tests choose a driver by name and share one code path.
+// It lives in the pgconformance module, which already requires lib/pq for
+// the harness, so that fence-pg's own module graph does not.
 package pgopen
 
 import (
@@ -12,7 +14,6 @@ import (
 	_ "github.com/lib/pq" // registers database/sql driver "postgres"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
-	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 )
 
@@ -75,14 +76,6 @@ func (p Pool) Close() error {
 		return nil
 	}
 	return p.SQL.Close()
-}
-
-// DB returns the pool as a dbx.DB.
-func (p Pool) DB() dbx.DB {
-	if p.Pgx != nil {
-		return dbx.FromPool(p.Pgx)
-	}
-	return dbx.FromSQL(p.SQL)
 }
 
 // LeaseStore returns a fencepg.LeaseStore on the pool.

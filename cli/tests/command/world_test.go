@@ -14,14 +14,18 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
-	"github.com/leasefence/leasefence/cli/internal/clitest"
 	"github.com/leasefence/leasefence/cli/internal/command"
+	"github.com/leasefence/leasefence/cli/tests/internal/clitest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
 func TestMain(m *testing.M) { clitest.Main(m) }
+
+// result, run and want are the helpers of the server-free tests in
+// cli/internal/command (run_test.go): a _test.go file cannot be shared
+// across modules.
 
 // result is one run of the command.
 type result struct {

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasefence/leasefence/cli/internal/clitest"
 	"github.com/leasefence/leasefence/cli/internal/command"
+	"github.com/leasefence/leasefence/cli/tests/internal/clitest"
 	"github.com/leasefence/leasefence/leasecore"
 )
 
