@@ -153,7 +153,7 @@ func (c *sessionConfig) check(op string, lease Lease) error {
 	case c.clock == nil:
 		return &ArgError{Op: op, Field: "clock", Reason: "must not be nil"}
 	}
-	if err := CheckTTL(op, c.ttl, 0); err != nil {
+	if err := checkTTL(op, c.ttl, 0); err != nil {
 		return err
 	}
 	switch {

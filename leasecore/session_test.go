@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -801,7 +802,7 @@ func TestNewSessionRejectsBadOptions(t *testing.T) {
 		{name: "nil clock", opts: []leasecore.SessionOption{leasecore.WithClock(nil)}, op: "new session", field: "clock"},
 		{name: "zero ttl", opts: []leasecore.SessionOption{leasecore.WithTTL(0)}, op: "new session", field: "ttl"},
 		{name: "negative ttl", opts: []leasecore.SessionOption{leasecore.WithTTL(-time.Second)}, op: "new session", field: "ttl"},
-		{name: "ttl above MaxTTL", opts: []leasecore.SessionOption{leasecore.WithTTL(leasecore.MaxTTL + 1)}, op: "new session", field: "ttl"},
+		{name: "ttl above MaxTTL", opts: []leasecore.SessionOption{leasecore.WithTTL(backendkit.MaxTTL + 1)}, op: "new session", field: "ttl"},
 		{name: "negative margin", opts: []leasecore.SessionOption{leasecore.WithMargin(-1)}, op: "new session", field: "margin"},
 		{name: "margin equals ttl", opts: []leasecore.SessionOption{leasecore.WithMargin(testTTL)}, op: "new session", field: "margin"},
 		{name: "margin above ttl", opts: []leasecore.SessionOption{leasecore.WithMargin(2 * testTTL)}, op: "new session", field: "margin"},
