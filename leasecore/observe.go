@@ -22,11 +22,6 @@ func WithObservePoll(d time.Duration) ObserveOption {
 	return func(c *observeConfig) { c.poll = d }
 }
 
-// WithObserveClock sets the clock Observe pauses on (tests).
-func WithObserveClock(clock Clock) ObserveOption {
-	return func(c *observeConfig) { c.clock = clock }
-}
-
 // Observe reports the state of lease name to f each time it changes — who
 // holds it with which token, or that nobody does — until ctx ends, for
 // dashboards and followers. The first call of f is the state at the start.
@@ -57,15 +52,12 @@ func Observe(ctx context.Context, insp LeaseInspector, name string, f func(Lease
 	if f == nil {
 		return &ArgError{Op: op, Field: "f", Reason: "must not be nil"}
 	}
-	c := observeConfig{poll: time.Second, clock: SystemClock}
+	c := observeConfig{poll: time.Second, clock: systemClock{}}
 	for _, o := range opts {
 		o(&c)
 	}
 	if c.poll <= 0 {
 		return &ArgError{Op: op, Field: "poll", Value: c.poll.String(), Reason: "must be positive"}
-	}
-	if c.clock == nil {
-		return &ArgError{Op: op, Field: "clock", Reason: "must not be nil"}
 	}
 	waiter, _ := insp.(freeWaiter)
 	var last LeaseState

@@ -887,16 +887,17 @@ func TestNewSessionDefaults(t *testing.T) {
 	}
 	defer s.Close(context.Background())
 	g := s.Grant()
-	if g.TTL != leasecore.DefaultSessionTTL {
-		t.Errorf("TTL = %v, want %v", g.TTL, leasecore.DefaultSessionTTL)
+	const defaultTTL = 15 * time.Second // as WithTTL says
+	if g.TTL != defaultTTL {
+		t.Errorf("TTL = %v, want %v", g.TTL, defaultTTL)
 	}
 	// Default margin: TTL/5.
-	if want := epoch.Add(leasecore.DefaultSessionTTL * 4 / 5); !s.Deadline().Equal(want) {
+	if want := epoch.Add(defaultTTL * 4 / 5); !s.Deadline().Equal(want) {
 		t.Errorf("Deadline() = %v, want %v", s.Deadline(), want)
 	}
 	// Default interval: TTL/4. Nothing renews 1 ns before it.
 	f.local.WaitTimers(t, 2)
-	f.local.Advance(leasecore.DefaultSessionTTL/4 - 1)
+	f.local.Advance(defaultTTL/4 - 1)
 	if n := f.spy.renews.Load(); n != 0 {
 		t.Errorf("renewed after %v", f.local.Since())
 	}
@@ -990,9 +991,9 @@ func TestNewSessionAcquireSlowerThanLocalWindow(t *testing.T) {
 	})
 }
 
-// One smoke test on the real clock: background renewal works with
-// SystemClock. The window (2 s) is far longer than the interval (20 ms), so
-// a slow machine does not make it flaky.
+// One smoke test on the real clock: background renewal works with the
+// process's clock. The window (2 s) is far longer than the interval (20
+// ms), so a slow machine does not make it flaky.
 func TestSessionSystemClock(t *testing.T) {
 	baseline := runtime.NumGoroutine()
 	leases := memfence.NewLeases(nil)
