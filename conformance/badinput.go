@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // BadCall is one row of the bad-input table of case X1: a call of one entry
@@ -81,8 +82,8 @@ func (b BadCall) check(err error) error {
 type BadInput struct {
 	// Lease, when not nil, gets rows for Acquire, Renew and Release; for
 	// Inspect when it is a leasecore.LeaseInspector; for RenewAll when it
-	// is a leasecore.BatchRenewer; for AcquireAll when it is a
-	// leasecore.BatchAcquirer.
+	// is a backendkit.BatchRenewer; for AcquireAll when it is a
+	// backendkit.BatchAcquirer.
 	Lease leasecore.Lease
 	// Grant is a valid grant of Lease (name, holder, token, TTL): the
 	// renew, release and renew-all rows change one of its fields; the
@@ -94,8 +95,8 @@ type BadInput struct {
 	Free string
 
 	// Resource, when not nil, gets rows for Write; for WriteBatch when it
-	// is a leasecore.BatchWriter; for Floor, ReadPart and Attempts when it
-	// is a leasecore.ResourceReader.
+	// is a backendkit.BatchWriter; for Floor, ReadPart and Attempts when it
+	// is a backendkit.ResourceReader.
 	Resource leasecore.FencedResource
 	// Write is a valid write. The write-batch rows write its scope, writer
 	// and token with two parts: Write.Part and SecondPart, both with
@@ -136,8 +137,8 @@ func badNames(base string) []badValue[string] {
 		}
 	}
 	at := func(s string) string { return base[:mid] + s + base[mid:] }
-	long := base + strings.Repeat("n", max(1, leasecore.MaxNameLen+1-len(base)))
-	wide := base + strings.Repeat("é", max(1, (leasecore.MaxNameLen+2-len(base))/2)) // over in bytes, not in runes
+	long := base + strings.Repeat("n", max(1, backendkit.MaxNameLen+1-len(base)))
+	wide := base + strings.Repeat("é", max(1, (backendkit.MaxNameLen+2-len(base))/2)) // over in bytes, not in runes
 	return []badValue[string]{
 		{"empty", ""},
 		{"whitespace only", " \t "},
@@ -167,14 +168,14 @@ func badTTLs(minTTL, gran time.Duration) []badValue[time.Duration] {
 		ttls = append(ttls, badValue[time.Duration]{"below MinTTL", below})
 	}
 	return append(ttls,
-		badValue[time.Duration]{"above MaxTTL", leasecore.MaxTTL + g},
+		badValue[time.Duration]{"above MaxTTL", backendkit.MaxTTL + g},
 		badValue[time.Duration]{"MaxInt64", time.Duration(math.MaxInt64)})
 }
 
-var badTokens = []badValue[leasecore.Token]{{"zero", 0}, {"above MaxToken", leasecore.MaxToken + 1}}
+var badTokens = []badValue[leasecore.Token]{{"zero", 0}, {"above MaxToken", backendkit.MaxToken + 1}}
 
 var badContents = []badValue[string]{
-	{"over MaxContentLen", strings.Repeat("c", leasecore.MaxContentLen+1)},
+	{"over MaxContentLen", strings.Repeat("c", backendkit.MaxContentLen+1)},
 	{"NUL", "report\x00body"},
 	{"invalid UTF-8", "report\xffbody"},
 }
@@ -225,7 +226,7 @@ func BadInputCalls(in BadInput) []BadCall {
 		}
 		addCancelled("acquire", "acquire", acquire(in.Free, grant.Holder, grant.TTL))
 
-		if ba, ok := l.(leasecore.BatchAcquirer); ok {
+		if ba, ok := l.(backendkit.BatchAcquirer); ok {
 			const group = "acquire all"
 			acquireAll := func(names []string, holder string, ttl time.Duration) func(context.Context) error {
 				return func(ctx context.Context) error { _, _, err := ba.AcquireAll(ctx, names, holder, ttl); return err }
@@ -235,7 +236,7 @@ func BadInputCalls(in BadInput) []BadCall {
 			pair := func(second string) []string { return []string{in.Free, second} }
 			okNames := pair(in.Free + "-2")
 			addInv(group, "acquire all no names", "names", acquireAll(nil, grant.Holder, grant.TTL))
-			many := make([]string, leasecore.MaxAcquireAll+1)
+			many := make([]string, backendkit.MaxAcquireAll+1)
 			for i := range many {
 				many[i] = fmt.Sprint(in.Free, "-", i)
 			}
@@ -272,7 +273,7 @@ func BadInputCalls(in BadInput) []BadCall {
 			addCancelled(op.name, op.name, op.call(grant))
 		}
 
-		if br, ok := l.(leasecore.BatchRenewer); ok {
+		if br, ok := l.(backendkit.BatchRenewer); ok {
 			const group = "renew all"
 			renewAll := func(gs []leasecore.Grant) func(context.Context) error {
 				return func(ctx context.Context) error { _, _, err := br.RenewAll(ctx, gs); return err }
@@ -284,7 +285,7 @@ func BadInputCalls(in BadInput) []BadCall {
 				return []leasecore.Grant{grant, g}
 			}
 			addInv(group, "renew all no grants", "grants", renewAll(nil))
-			many := make([]leasecore.Grant, leasecore.MaxRenewAll+1)
+			many := make([]leasecore.Grant, backendkit.MaxRenewAll+1)
 			for i := range many {
 				many[i] = with(func(g *leasecore.Grant) { g.Name = fmt.Sprint(grant.Name, "-", i) })
 			}
@@ -346,7 +347,7 @@ func BadInputCalls(in BadInput) []BadCall {
 		}
 		addCancelled("write", "write", write(ok))
 
-		if bw, isBW := r.(leasecore.BatchWriter); isBW {
+		if bw, isBW := r.(backendkit.BatchWriter); isBW {
 			const group = "write batch"
 			second := in.SecondPart
 			if second == "" {
@@ -379,7 +380,7 @@ func BadInputCalls(in BadInput) []BadCall {
 			batch("no parts", "parts", withB(func(b *leasecore.Batch) { b.Parts = nil }))
 			batch("too many parts", "parts", withB(func(b *leasecore.Batch) {
 				b.Parts = nil
-				for i := range leasecore.MaxBatchParts + 1 {
+				for i := range backendkit.MaxBatchParts + 1 {
 					b.Parts = append(b.Parts, leasecore.PartContent{Part: fmt.Sprint(ok.Part, "-", i), Content: ok.Content})
 				}
 			}))
@@ -390,13 +391,13 @@ func BadInputCalls(in BadInput) []BadCall {
 				batch("parts[1].content "+c.label, "parts[1].content", withB(func(b *leasecore.Batch) { b.Parts[1].Content = c.v }))
 			}
 			batch("content over MaxContentLen in all", "parts", withB(func(b *leasecore.Batch) {
-				b.Parts[0].Content = strings.Repeat("c", leasecore.MaxContentLen/2+1)
+				b.Parts[0].Content = strings.Repeat("c", backendkit.MaxContentLen/2+1)
 				b.Parts[1].Content = b.Parts[0].Content
 			}))
 			addCancelled(group, "write batch", func(ctx context.Context) error { _, err := bw.WriteBatch(ctx, okBatch); return err })
 		}
 
-		if rr, isRR := r.(leasecore.ResourceReader); isRR {
+		if rr, isRR := r.(backendkit.ResourceReader); isRR {
 			const group = "read"
 			floor := func(scope string) func(context.Context) error {
 				return func(ctx context.Context) error { _, err := rr.Floor(ctx, scope); return err }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The scenario of the lease-fencing article (SOURCES.md): a daily report
@@ -56,14 +57,14 @@ func (c *caseRun) write(r leasecore.FencedResource, w leasecore.Write) leasecore
 }
 
 // readPart reads a part, ending the case on an error.
-func (c *caseRun) readPart(r leasecore.ResourceReader, scope, part string) (leasecore.StoredPart, bool) {
+func (c *caseRun) readPart(r backendkit.ResourceReader, scope, part string) (leasecore.StoredPart, bool) {
 	p, ok, err := r.ReadPart(c.ctx, scope, part)
 	c.Must(err, fmt.Sprintf("read part %s/%s", scope, part))
 	return p, ok
 }
 
 // floor reads a scope's floor, ending the case on an error.
-func (c *caseRun) floor(r leasecore.ResourceReader, scope string) leasecore.Token {
+func (c *caseRun) floor(r backendkit.ResourceReader, scope string) leasecore.Token {
 	f, err := r.Floor(c.ctx, scope)
 	c.Must(err, "read floor of "+scope)
 	return f
@@ -143,7 +144,7 @@ func (c *caseRun) awaitFree(insp leasecore.LeaseInspector, name string, ttl time
 		held.seen, held.sent, held.answered, held.remaining = true, sent, elapsed, st.Remaining
 		if elapsed > 2*limit {
 			c.Check("TTL", what, false, expected, fmt.Sprintf("still held after %v, twice the limit, by %s token=%d (remaining %v)",
-				elapsed.Round(time.Millisecond), leasecore.Quote(st.Holder), st.Token, st.Remaining.Round(time.Millisecond)))
+				elapsed.Round(time.Millisecond), backendkit.Quote(st.Holder), st.Token, st.Remaining.Round(time.Millisecond)))
 			c.stop()
 		}
 		if tick != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // How values look in output lines: one place, so that the cases, X1's rows
@@ -26,12 +27,12 @@ func describeLease(st leasecore.LeaseState) string {
 	if !st.Exists {
 		return fmt.Sprintf("exists=false held=%t", st.Held)
 	}
-	return fmt.Sprintf("holder=%s token=%d held=%t released=%t", leasecore.Quote(st.Holder), st.Token, st.Held, st.Released)
+	return fmt.Sprintf("holder=%s token=%d held=%t released=%t", backendkit.Quote(st.Holder), st.Token, st.Held, st.Released)
 }
 
 func describeAttempt(a leasecore.Attempt) string {
-	return fmt.Sprintf("%s/%s by %s token=%d accepted=%t floor=%d", leasecore.Quote(a.Scope), leasecore.Quote(a.Part),
-		leasecore.Quote(a.Writer), a.Token, a.Accepted, a.Floor)
+	return fmt.Sprintf("%s/%s by %s token=%d accepted=%t floor=%d", backendkit.Quote(a.Scope), backendkit.Quote(a.Part),
+		backendkit.Quote(a.Writer), a.Token, a.Accepted, a.Floor)
 }
 
 func describeAttempts(as []leasecore.Attempt) string {

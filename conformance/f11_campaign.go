@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // campaigners is how many instances campaign for the lease in F11.
@@ -24,7 +25,7 @@ type campaignResult struct {
 // wait; the leader steps down (its function returns, Campaign releases);
 // exactly one waiter takes over with a larger token. The hand-off time is
 // measured and reported; how the waiters waited (the lease client's
-// leasecore.Waiter, or polling) is said in a note.
+// backendkit.Waiter, or polling) is said in a note.
 func caseF11(ctx context.Context, c *caseRun, h Harness) {
 	ttl := c.ttl(5 * time.Second)
 	type election struct {
@@ -41,14 +42,14 @@ func caseF11(ctx context.Context, c *caseRun, h Harness) {
 	)
 	campaignCtx, stopCampaigns := context.WithCancel(ctx)
 	defer stopCampaigns()
-	waiting := "polling (the lease client is no leasecore.Waiter)"
+	waiting := "polling (the lease client is no backendkit.Waiter)"
 	for i := 1; i <= campaigners; i++ {
 		holder := fmt.Sprintf("campaigner-%d", i)
 		down := make(chan struct{}) // lead reads its own channel, never the map
 		stepDown[holder] = down
 		lease, _ := c.openLease(h)
-		if _, ok := lease.(leasecore.Waiter); ok {
-			waiting = "the lease client's leasecore.Waiter, or polling where it cannot wait"
+		if _, ok := lease.(backendkit.Waiter); ok {
+			waiting = "the lease client's backendkit.Waiter, or polling where it cannot wait"
 		}
 		lead := func(ctx context.Context, g leasecore.Grant) error {
 			token := g.Token

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // In-process campaigners of F12 and F13: leasecore.Campaign on lease
@@ -60,20 +61,20 @@ func newCampaignGroup(c *caseRun) *campaignGroup {
 }
 
 // start starts a campaign for holder on lease. With poll, the client's
-// leasecore.Waiter (if any) is hidden, so the campaign polls every poll
+// backendkit.Waiter (if any) is hidden, so the campaign polls every poll
 // interval at most: the bound F12 derives the hand-off time from.
 func (g *campaignGroup) start(ctx context.Context, lease leasecore.Lease, holder string, poll bool, opts ...leasecore.CampaignOption) *campaigner {
 	n, wrapped := wrapNet(lease)
 	cp := &campaigner{holder: holder, net: n, down: make(chan struct{}),
 		ends: make(chan leaderEnd, 16), result: make(chan error, 1)}
-	switch _, isWaiter := wrapped.(leasecore.Waiter); {
+	switch _, isWaiter := wrapped.(backendkit.Waiter); {
 	case poll:
 		wrapped = n // the netLease alone has no WaitFree
 		cp.waiting = "polling"
 	case isWaiter:
-		cp.waiting = "the lease client's leasecore.Waiter (polling while it cannot wait)"
+		cp.waiting = "the lease client's backendkit.Waiter (polling while it cannot wait)"
 	default:
-		cp.waiting = "polling (the lease client is no leasecore.Waiter)"
+		cp.waiting = "polling (the lease client is no backendkit.Waiter)"
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cp.cancel = cancel

@@ -16,7 +16,7 @@ const handoffSlack = 250 * time.Millisecond
 // caseF12 is leader election across a frozen leader. Holder A, a separate
 // OS process, campaigns with leasecore.Campaign and leads; three
 // in-process campaigners wait (two with the lease client's
-// leasecore.Waiter when it has one, one polling). A is frozen with SIGSTOP
+// backendkit.Waiter when it has one, one polling). A is frozen with SIGSTOP
 // while it leads: its lead context cannot end while it is frozen, so
 // nothing in A stops it. The lease expires by the backend's clock, a
 // waiter takes over with a larger token and writes; A is thawed with its

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // netLease wraps one campaigner's lease client (F12, F13, and the holder
@@ -36,7 +37,7 @@ type netLease struct {
 	lastOK   map[leasecore.Token]time.Time    // per token: send time of its last successful Acquire or Renew
 
 	inspect leasecore.LeaseInspector // nil when the client has none
-	waiter  leasecore.Waiter         // nil when the client has none
+	waiter  backendkit.Waiter        // nil when the client has none
 }
 
 // acquireStamp brackets the server's grant of one successful Acquire.
@@ -44,12 +45,12 @@ type acquireStamp struct {
 	sent, returned time.Time
 }
 
-// netWaiterLease is a netLease whose client is a leasecore.Waiter: the
+// netWaiterLease is a netLease whose client is a backendkit.Waiter: the
 // wrapper forwards WaitFree only then, so Campaign waits the way it would
 // with the bare client (a Waiter, or polling).
 type netWaiterLease struct{ *netLease }
 
-// WaitFree implements leasecore.Waiter.
+// WaitFree implements backendkit.Waiter.
 func (l netWaiterLease) WaitFree(ctx context.Context, name string) error {
 	if err := l.gate(ctx, "wait free"); err != nil {
 		return err
@@ -58,12 +59,12 @@ func (l netWaiterLease) WaitFree(ctx context.Context, name string) error {
 }
 
 // wrapNet wraps lease. It returns the handle the case uses (cut, stamps)
-// and the client to give Campaign: a leasecore.Waiter exactly when lease is
+// and the client to give Campaign: a backendkit.Waiter exactly when lease is
 // one.
 func wrapNet(lease leasecore.Lease) (*netLease, leasecore.Lease) {
 	n := &netLease{lease: lease, acquires: map[leasecore.Token]acquireStamp{}, lastOK: map[leasecore.Token]time.Time{}}
 	n.inspect, _ = lease.(leasecore.LeaseInspector)
-	n.waiter, _ = lease.(leasecore.Waiter)
+	n.waiter, _ = lease.(backendkit.Waiter)
 	if n.waiter != nil {
 		return n, netWaiterLease{n}
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // caseF13 is a leader that loses the lease while its function runs, not
@@ -41,8 +42,8 @@ func caseF13(ctx context.Context, c *caseRun, h Harness) {
 	// as Campaign's cap on one wait (one ttl); a poll ends within one poll
 	// interval.
 	wait, waitWhy := poll, "B polls every poll interval at most"
-	if _, ok := leaseB.(leasecore.Waiter); ok {
-		wait, waitWhy = ttl, "B waits with the lease client's leasecore.Waiter, which Campaign caps at one ttl a wait"
+	if _, ok := leaseB.(backendkit.Waiter); ok {
+		wait, waitWhy = ttl, "B waits with the lease client's backendkit.Waiter, which Campaign caps at one ttl a wait"
 	}
 	gran := c.traits.TTLGranularity // see F12: the backend expires no finer
 	c.Notef("both campaigners in this process, each with its own lease client; ttl=%v renew=%v margin=%v; A waits by %s, B by %s",

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // rateClock is a leasecore.Clock that runs at rate times real time from its
@@ -271,7 +272,7 @@ func slowWithinMargin(ctx context.Context, c *caseRun, h Harness, ttl time.Durat
 		fmt.Sprintf("ended %v after it", endedAt.Sub(since).Round(time.Millisecond)))
 	if answered.Before(earliestExpiry) {
 		c.Check("I1", "when A's session had ended, the backend still held the lease for A: A stopped before the lease could pass to anyone",
-			st.Held && st.Holder == holderA && st.Token == tokA, fmt.Sprintf("held by %s token=%d", leasecore.Quote(holderA), tokA),
+			st.Held && st.Holder == holderA && st.Token == tokA, fmt.Sprintf("held by %s token=%d", backendkit.Quote(holderA), tokA),
 			describeLease(st))
 	} else {
 		c.Notef("the backend's answer came %v after the earliest expiry, too late to show it still held the lease", answered.Sub(earliestExpiry).Round(time.Millisecond))

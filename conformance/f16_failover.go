@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 const holderC = "holder-c"
@@ -160,7 +161,7 @@ func f16Asynchronous(ctx context.Context, c *caseRun, rp Replicas) {
 		return err
 	})
 	c.Notef("after the failover the lease reads held=%t by %s token=%d and the floor reads %d: holder-a's release, holder-b's grant and its write were acknowledged, and are gone",
-		st.Held, leasecore.Quote(st.Holder), st.Token, floor)
+		st.Held, backendkit.Quote(st.Holder), st.Token, floor)
 
 	gc := c.acquireAfterFailover(d, name, holderC, ttl, backAt, "the hold found after the failover")
 	c.Exposes(fmt.Sprintf("the promoted asynchronous standby hands out token %d again: holder-b got it before the crash, holder-c after the failover", gb.Token),

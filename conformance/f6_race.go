@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // raceA and raceB are F6's two writers: A holds token 1 and old data, B
@@ -118,7 +119,7 @@ func caseF6u(ctx context.Context, c *caseRun, h Harness) {
 
 // waitFloor polls the floor of scope until it is at least want or limit
 // passed, and returns the last floor read.
-func (c *caseRun) waitFloor(res leasecore.ResourceReader, scope string, want leasecore.Token, limit time.Duration) leasecore.Token {
+func (c *caseRun) waitFloor(res backendkit.ResourceReader, scope string, want leasecore.Token, limit time.Duration) leasecore.Token {
 	deadline := time.Now().Add(limit)
 	for {
 		f := c.floor(res, scope)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // caseF9b builds F9's remedy and checks it: the side effect ("report
@@ -37,7 +38,7 @@ func caseF9b(ctx context.Context, c *caseRun, h Harness) {
 		return leasecore.Write{Scope: scope, Part: publication, Content: "report(B)", Writer: holderB, Token: 2}
 	}
 	// takeover is B's Advance right after its acquire.
-	takeover := func(scope string) leasecore.Claim { return leasecore.ClaimOf(fresh(scope)) }
+	takeover := func(scope string) leasecore.Claim { return backendkit.ClaimOf(fresh(scope)) }
 	type order struct {
 		name, scope string
 		aFirst      bool

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // NewHarness returns a Harness whose lease service and resource start
@@ -46,7 +47,7 @@ type Harness interface {
 // Resource is a fenced resource the suite can also read back.
 type Resource interface {
 	leasecore.FencedResource
-	leasecore.ResourceReader
+	backendkit.ResourceReader
 }
 
 // Traits describes what a backend is and does.
@@ -286,7 +287,7 @@ type UserDataResources interface {
 	// in at least two user tables (keys) of the harness's own, not the
 	// library's part store, all in one atomic operation (one transaction,
 	// one Txn) that also runs the fence's check of
-	// leasecore.ClaimOf(w) through the backend's public fence API, the
+	// backendkit.ClaimOf(w) through the backend's public fence API, the
 	// same calls a user makes. When the fence rejects, nothing is stored
 	// and Write returns Result{Accepted: false, Floor: the floor that
 	// beat it}, not an error; bad input is an error wrapping
@@ -388,7 +389,7 @@ type OutboxResources interface {
 	// FencedOutbox returns a client of the harness's outbox written
 	// through the backend's public fence and outbox API, the calls a user
 	// makes. Its Write stores, in one atomic operation (one transaction,
-	// one Txn) that runs the fence's check of leasecore.ClaimOf(w), the
+	// one Txn) that runs the fence's check of backendkit.ClaimOf(w), the
 	// data — w.Content for (w.Scope, w.Part) in a table or key of the
 	// harness's, which ReadPart reads — and one outbox entry: Scope,
 	// Writer and Token of w, Topic w.Part, Payload w.Content. When the

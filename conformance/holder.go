@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // RunHolder is the holder process of F4, F5 and F12: the report job's
@@ -96,7 +97,7 @@ func RunHolder(ctx context.Context, lease leasecore.Lease, res leasecore.FencedR
 	defer h.closeSession(context.WithoutCancel(ctx))
 	defer h.stopCampaign()
 	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64*1024), leasecore.MaxContentLen+1024)
+	sc.Buffer(make([]byte, 64*1024), backendkit.MaxContentLen+1024)
 	for sc.Scan() {
 		cmd, rest, _ := strings.Cut(sc.Text(), " ")
 		if cmd == "EXIT" {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -197,7 +198,7 @@ func (c *memControls) resource(decide func(context.Context, leasecore.Write) (bo
 }
 
 func (c *memControl) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	ok, err := c.decide(ctx, w)

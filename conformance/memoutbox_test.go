@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The in-memory harness's fenced outbox (conformance.OutboxResources), the
@@ -99,7 +100,7 @@ func (s storeSource) mark(seq int64) error { s.s.mark(seq); return nil }
 // memRelay is the relay loop: pages of pending entries in seq order, each
 // delivered and then marked; the first error of deliver stops it.
 func memRelay(ctx context.Context, src relaySource, deliver func(context.Context, leasecore.OutboxEntry) error, m relayMutant) (int, error) {
-	if err := leasecore.CheckRelay(ctx, "relay", deliver); err != nil {
+	if err := backendkit.CheckRelay(ctx, "relay", deliver); err != nil {
 		return 0, err
 	}
 	n := 0
@@ -109,7 +110,7 @@ func memRelay(ctx context.Context, src relaySource, deliver func(context.Context
 			return n, err
 		}
 		for _, e := range page {
-			if err := leasecore.CheckContext("relay", ctx); err != nil {
+			if err := backendkit.CheckContext("relay", ctx); err != nil {
 				return n, err
 			}
 			if m == relayMarkFirst {
@@ -148,7 +149,7 @@ type memOutbox struct {
 var _ conformance.Outbox = (*memOutbox)(nil)
 
 func (o *memOutbox) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	o.lock()
@@ -160,7 +161,7 @@ func (o *memOutbox) Write(ctx context.Context, w leasecore.Write) (leasecore.Res
 		o.store.add(w, now)
 		return leasecore.Result{Accepted: true, Floor: o.floors[w.Scope]}, nil
 	}
-	res, err := o.check(leasecore.ClaimOf(w), w.Part, func(now time.Time) {
+	res, err := o.check(backendkit.ClaimOf(w), w.Part, func(now time.Time) {
 		o.memUserData.store(w, now)
 		o.store.add(w, now)
 	})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // memUserData is the in-memory harness's "user data": two user tables (a
@@ -66,7 +67,7 @@ func (u *memUser) lock() {
 }
 
 func (u *memUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	// The write's statements and its commit gap hold nothing: only the
@@ -81,11 +82,11 @@ func (u *memUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Resul
 	}
 	u.lock()
 	defer u.mu.Unlock()
-	return u.check(leasecore.ClaimOf(w), w.Part, func(now time.Time) { u.store(w, now) })
+	return u.check(backendkit.ClaimOf(w), w.Part, func(now time.Time) { u.store(w, now) })
 }
 
 func (u *memUser) Advance(ctx context.Context, cl leasecore.Claim) (leasecore.Result, error) {
-	if err := leasecore.CheckClaim(ctx, "advance", cl); err != nil {
+	if err := backendkit.CheckClaim(ctx, "advance", cl); err != nil {
 		return leasecore.Result{}, err
 	}
 	u.lock()
@@ -122,7 +123,7 @@ func (d *memUserData) Rows(ctx context.Context, scope, part string) ([]conforman
 	if err := checkScope(ctx, scope); err != nil {
 		return nil, err
 	}
-	if err := leasecore.CheckName("read part", "part", part); err != nil {
+	if err := backendkit.CheckName("read part", "part", part); err != nil {
 		return nil, err
 	}
 	d.mu.Lock()
@@ -151,10 +152,10 @@ func (d *memUserData) Attempts(ctx context.Context, scope string) ([]leasecore.A
 }
 
 func checkScope(ctx context.Context, scope string) error {
-	if err := leasecore.CheckName("read", "scope", scope); err != nil {
+	if err := backendkit.CheckName("read", "scope", scope); err != nil {
 		return err
 	}
-	return leasecore.CheckContext("read", ctx)
+	return backendkit.CheckContext("read", ctx)
 }
 
 // memMarkerFirst is the negative control: the marker through the part
@@ -177,7 +178,7 @@ func (m *memMarkerFirst) Prepare(ctx context.Context, w leasecore.Write) (leasec
 // the suite's own tests: it compares the token with the markers' floor
 // after all, and the flaw cannot show.
 func (m *memMarkerFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	if m.checksToken {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -104,7 +105,7 @@ func (b base) current(ctx context.Context, name string, ttl time.Duration) (leas
 type releaseByName struct{ base }
 
 func (l releaseByName) Release(ctx context.Context, g leasecore.Grant) error {
-	if err := leasecore.CheckGrant(ctx, "release", g, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "release", g, memfence.MinTTL); err != nil {
 		return err
 	}
 	if cur, ok := l.current(ctx, g.Name, g.TTL); ok {
@@ -191,7 +192,7 @@ type sessionTTL struct {
 }
 
 func (l *sessionTTL) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.mu.Lock()
@@ -209,7 +210,7 @@ func (l *sessionTTL) Acquire(ctx context.Context, name, holder string, ttl time.
 }
 
 func (l *sessionTTL) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
-	if err := leasecore.CheckGrant(ctx, "renew", g, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "renew", g, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.mu.Lock()
@@ -251,7 +252,7 @@ type prefixNames struct {
 }
 
 func (l prefixNames) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.m.mu.Lock()
@@ -295,7 +296,7 @@ func (l *clientChecks) Acquire(ctx context.Context, name, holder string, ttl tim
 // server is what the server gets: the current hold of g's name, after the
 // client's own check of g against its bookkeeping.
 func (l *clientChecks) server(ctx context.Context, op string, g leasecore.Grant) (leasecore.Grant, error) {
-	if err := leasecore.CheckGrant(ctx, op, g, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, op, g, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.mu.Lock()
@@ -372,7 +373,7 @@ func (l *sessionGhosts) Renew(ctx context.Context, g leasecore.Grant) (leasecore
 type doubledTTL struct{ base }
 
 func (l doubledTTL) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	g, err := l.Lease.Acquire(ctx, name, holder, 2*ttl)
@@ -381,7 +382,7 @@ func (l doubledTTL) Acquire(ctx context.Context, name, holder string, ttl time.D
 }
 
 func (l doubledTTL) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
-	if err := leasecore.CheckGrant(ctx, "renew", g, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "renew", g, memfence.MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	d := g

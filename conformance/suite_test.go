@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -284,7 +285,7 @@ func TestF4FailsARenewalLostToAConnection(t *testing.T) {
 type plainWriteErrors struct{ *memfence.Resource }
 
 func (r plainWriteErrors) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if leasecore.CheckWrite(ctx, w) != nil {
+	if backendkit.CheckWrite(ctx, w) != nil {
 		return leasecore.Result{}, errors.New("write refused")
 	}
 	return r.Resource.Write(ctx, w)
@@ -295,7 +296,7 @@ func (r plainWriteErrors) Write(ctx context.Context, w leasecore.Write) (leaseco
 type writeFirst struct{ *memfence.Resource }
 
 func (r writeFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	invalid := leasecore.CheckWrite(ctx, w)
+	invalid := backendkit.CheckWrite(ctx, w)
 	clean := w
 	clean.Scope, clean.Part, clean.Writer = strings.TrimSpace(w.Scope), strings.TrimSpace(w.Part), strings.TrimSpace(w.Writer)
 	res, err := r.Resource.Write(context.WithoutCancel(ctx), clean)
@@ -312,7 +313,7 @@ func (l renewFirst) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gra
 	clean := g
 	clean.Name, clean.Holder = strings.TrimSpace(g.Name), strings.TrimSpace(g.Holder)
 	renewed, err := l.Leases.Renew(context.WithoutCancel(ctx), clean)
-	if invalid := leasecore.CheckGrant(ctx, "renew", g, memfence.MinTTL); invalid != nil {
+	if invalid := backendkit.CheckGrant(ctx, "renew", g, memfence.MinTTL); invalid != nil {
 		return leasecore.Grant{}, invalid
 	}
 	return renewed, err
@@ -424,12 +425,12 @@ func TestX1FailsBrokenInputHandling(t *testing.T) {
 }
 
 // memBatchLeases gives memfence's leases an AcquireAll (one Acquire per
-// name after leasecore.CheckAcquireAll), so that TestBadInputCalls has
+// name after backendkit.CheckAcquireAll), so that TestBadInputCalls has
 // acquire-all rows to run.
 type memBatchLeases struct{ *memfence.Leases }
 
 func (l memBatchLeases) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) ([]leasecore.Grant, []error, error) {
-	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, memfence.MinTTL); err != nil {
+	if err := backendkit.CheckAcquireAll(ctx, names, holder, ttl, memfence.MinTTL); err != nil {
 		return nil, nil, err
 	}
 	grants, errs := make([]leasecore.Grant, len(names)), make([]error, len(names))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -37,7 +38,7 @@ func withUser(wrap func(*memUser) conformance.UserResource) conformance.NewHarne
 type uncheckedUser struct{ *memUser }
 
 func (u uncheckedUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	u.mu.Lock()
@@ -48,7 +49,7 @@ func (u uncheckedUser) Write(ctx context.Context, w leasecore.Write) (leasecore.
 }
 
 func (u uncheckedUser) Advance(ctx context.Context, cl leasecore.Claim) (leasecore.Result, error) {
-	if err := leasecore.CheckClaim(ctx, "advance", cl); err != nil {
+	if err := backendkit.CheckClaim(ctx, "advance", cl); err != nil {
 		return leasecore.Result{}, err
 	}
 	u.mu.Lock()
@@ -80,7 +81,7 @@ func (u tornUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Resul
 type lockingUser struct{ *memUser }
 
 func (u lockingUser) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	u.floorLock.Lock()

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // target is what a case writes to. The same case body runs against the
@@ -71,7 +71,7 @@ type rowsReader interface {
 // all agree with ReadPart the description is the same single one, else it
 // lists each table, so a torn write (one table written, another not)
 // cannot pass a check that compares descriptions.
-func (c *caseRun) stored(res leasecore.ResourceReader, scope, part string) string {
+func (c *caseRun) stored(res backendkit.ResourceReader, scope, part string) string {
 	p, ok := c.readPart(res, scope, part)
 	d := describePart(p, ok)
 	rr, isRows := res.(rowsReader)

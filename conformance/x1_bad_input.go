@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // caseX1 checks the input rule of every entry point: bad input gets an error
@@ -65,14 +66,14 @@ func caseX1(ctx context.Context, c *caseRun, h Harness) {
 		SecondPart: detailX1,
 		MinTTL:     c.traits.MinTTL, TTLGranularity: c.traits.TTLGranularity,
 	}
-	if _, ok := lease.(leasecore.BatchRenewer); !ok {
-		c.Notef("the lease client does not implement leasecore.BatchRenewer: no renew-all rows")
+	if _, ok := lease.(backendkit.BatchRenewer); !ok {
+		c.Notef("the lease client does not implement backendkit.BatchRenewer: no renew-all rows")
 	}
-	if _, ok := lease.(leasecore.BatchAcquirer); !ok {
-		c.Notef("the lease client does not implement leasecore.BatchAcquirer: no acquire-all rows")
+	if _, ok := lease.(backendkit.BatchAcquirer); !ok {
+		c.Notef("the lease client does not implement backendkit.BatchAcquirer: no acquire-all rows")
 	}
-	if _, ok := res.(leasecore.BatchWriter); !ok {
-		c.Notef("the resource does not implement leasecore.BatchWriter: no write-batch rows")
+	if _, ok := res.(backendkit.BatchWriter); !ok {
+		c.Notef("the resource does not implement backendkit.BatchWriter: no write-batch rows")
 	}
 
 	c.x1Rows(watch, BadInputCalls(in))
@@ -96,7 +97,7 @@ func caseX1(ctx context.Context, c *caseRun, h Harness) {
 		{"renew after release", leasecore.ErrLost, func() error { _, err := lease.Renew(ctx, gr); return err }},
 		{"release twice", leasecore.ErrLost, func() error { return lease.Release(ctx, gr) }},
 	}
-	if br, ok := lease.(leasecore.BatchRenewer); ok {
+	if br, ok := lease.(backendkit.BatchRenewer); ok {
 		renewAll := func(gs ...leasecore.Grant) func() error {
 			return func() error {
 				_, lost, err := br.RenewAll(ctx, gs)
@@ -280,7 +281,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 			case err != nil:
 				return fmt.Errorf("acquire: %s", describeErr(err))
 			case g.Name != v || g.Holder != v:
-				return fmt.Errorf("acquire returned name %s holder %s", leasecore.Quote(g.Name), leasecore.Quote(g.Holder))
+				return fmt.Errorf("acquire returned name %s holder %s", backendkit.Quote(g.Name), backendkit.Quote(g.Holder))
 			case c.traits.TokenStep == 1 && g.Token != 1:
 				return fmt.Errorf("acquire of a fresh name returned token %d, want 1", g.Token)
 			}
@@ -290,14 +291,14 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 				return fmt.Errorf("inspect: %s", describeErr(err))
 			case !st.Exists || !st.Held || st.Holder != v || st.Token != g.Token:
 				return fmt.Errorf("inspect: exists=%t held=%t holder=%s token=%d, want the acquired hold (token %d)",
-					st.Exists, st.Held, leasecore.Quote(st.Holder), st.Token, g.Token)
+					st.Exists, st.Held, backendkit.Quote(st.Holder), st.Token, g.Token)
 			}
 			rg, err := lease.Renew(ctx, g)
 			switch {
 			case err != nil:
 				return fmt.Errorf("renew: %s", describeErr(err))
 			case rg.Name != v || rg.Holder != v || rg.Token != g.Token:
-				return fmt.Errorf("renew returned name %s holder %s token %d", leasecore.Quote(rg.Name), leasecore.Quote(rg.Holder), rg.Token)
+				return fmt.Errorf("renew returned name %s holder %s token %d", backendkit.Quote(rg.Name), backendkit.Quote(rg.Holder), rg.Token)
 			}
 			if err := lease.Release(ctx, rg); err != nil {
 				return fmt.Errorf("release: %s", describeErr(err))
@@ -315,7 +316,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 				return fmt.Errorf("read part: %s", describeErr(err))
 			case !ok || p.Scope != v || p.Part != v || p.Content != v || p.Writer != v || p.Token != g.Token:
 				return fmt.Errorf("read part: found=%t scope=%s part=%s content=%s writer=%s token=%d", ok,
-					leasecore.Quote(p.Scope), leasecore.Quote(p.Part), leasecore.Quote(p.Content), leasecore.Quote(p.Writer), p.Token)
+					backendkit.Quote(p.Scope), backendkit.Quote(p.Part), backendkit.Quote(p.Content), backendkit.Quote(p.Writer), p.Token)
 			}
 			f, err := res.Floor(ctx, v)
 			switch {
@@ -342,7 +343,7 @@ func (c *caseRun) x1CheckOddNames(lease leasecore.Lease, insp leasecore.LeaseIns
 		if problem != nil {
 			actual = problem.Error()
 		}
-		if c.Check("input", "odd but valid name "+leasecore.Quote(v)+" is accepted by acquire, inspect, renew, release and write, and read back verbatim",
+		if c.Check("input", "odd but valid name "+backendkit.Quote(v)+" is accepted by acquire, inspect, renew, release and write, and read back verbatim",
 			problem == nil, "accepted everywhere, read back equal", actual) {
 			passed++
 		}
@@ -363,5 +364,5 @@ var oddValidNames = []string{
 	`inner  double  spaces`,
 	`日报 summary`,
 	"Ünïcødé ✓ 🙂",
-	strings.Repeat("é", leasecore.MaxNameLen/2), // exactly MaxNameLen bytes, half as many runes
+	strings.Repeat("é", backendkit.MaxNameLen/2), // exactly MaxNameLen bytes, half as many runes
 }

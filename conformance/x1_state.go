@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // x1Watch is what case X1 reads to tell whether a call changed anything.
 type x1Watch struct {
 	insp   leasecore.LeaseInspector
-	res    leasecore.ResourceReader
+	res    backendkit.ResourceReader
 	leases []string
 	scope  string
 	parts  []string
@@ -39,7 +40,7 @@ func (c *caseRun) x1Read(w x1Watch) x1State {
 		if !ok {
 			return "(none)"
 		}
-		return fmt.Sprintf("%s by %s token=%d at %s", leasecore.Quote(p.Content), leasecore.Quote(p.Writer),
+		return fmt.Sprintf("%s by %s token=%d at %s", backendkit.Quote(p.Content), backendkit.Quote(p.Writer),
 			p.Token, p.WrittenAt.UTC().Format(time.RFC3339Nano))
 	}
 	for _, part := range w.parts {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // caseX2 checks the parts of the Lease contract that a lease service built
@@ -249,7 +250,7 @@ func x2IndependentNames(c *caseRun, h Harness) {
 	long := c.ttl(x2Long)
 	var quoted []string
 	for _, n := range x2Names {
-		quoted = append(quoted, leasecore.Quote(n))
+		quoted = append(quoted, backendkit.Quote(n))
 	}
 	list := strings.Join(quoted, ", ")
 
@@ -259,7 +260,7 @@ func x2IndependentNames(c *caseRun, h Harness) {
 		holder := fmt.Sprintf("holder-%d", i+1)
 		g, err := lease.Acquire(ctx, name, holder, long)
 		if err != nil {
-			refused = append(refused, fmt.Sprintf("%s by %s: %s", leasecore.Quote(name), holder, errKind(err)))
+			refused = append(refused, fmt.Sprintf("%s by %s: %s", backendkit.Quote(name), holder, errKind(err)))
 			continue
 		}
 		grants[name] = g
@@ -286,7 +287,7 @@ func x2IndependentNames(c *caseRun, h Harness) {
 			if got == want {
 				n++
 			} else {
-				wrong = append(wrong, fmt.Sprintf("%s %s, want %s", leasecore.Quote(name), got, want))
+				wrong = append(wrong, fmt.Sprintf("%s %s, want %s", backendkit.Quote(name), got, want))
 			}
 		}
 		return n, wrong
@@ -305,14 +306,14 @@ func x2IndependentNames(c *caseRun, h Harness) {
 	const first = "a"
 	ga, ok := grants[first]
 	if !ok {
-		c.Fatalf("cannot go on without a hold of %s", leasecore.Quote(first))
+		c.Fatalf("cannot go on without a hold of %s", backendkit.Quote(first))
 	}
 	err := lease.Release(ctx, ga)
 	delete(grants, first)
 	n, wrong = asAcquired()
-	c.Check("I1", fmt.Sprintf("releasing %s ends only its own hold: the names it prefixes stay held", leasecore.Quote(first)),
-		err == nil && len(wrong) == 0, fmt.Sprintf("nil; %s %s; %s", leasecore.Quote(first), freeState, render(len(grants), nil)),
-		fmt.Sprintf("%s; %s %s; %s", errKind(err), leasecore.Quote(first), c.holdState(insp, first), render(n, wrong)))
+	c.Check("I1", fmt.Sprintf("releasing %s ends only its own hold: the names it prefixes stay held", backendkit.Quote(first)),
+		err == nil && len(wrong) == 0, fmt.Sprintf("nil; %s %s; %s", backendkit.Quote(first), freeState, render(len(grants), nil)),
+		fmt.Sprintf("%s; %s %s; %s", errKind(err), backendkit.Quote(first), c.holdState(insp, first), render(n, wrong)))
 
 	released := 0
 	var failed []string
@@ -322,7 +323,7 @@ func x2IndependentNames(c *caseRun, h Harness) {
 			continue
 		}
 		if err := lease.Release(ctx, g); err != nil {
-			failed = append(failed, fmt.Sprintf("%s: %s", leasecore.Quote(name), errKind(err)))
+			failed = append(failed, fmt.Sprintf("%s: %s", backendkit.Quote(name), errKind(err)))
 			continue
 		}
 		released++

@@ -12,15 +12,16 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
+var _ backendkit.BatchAcquirer = (*LeaseStore)(nil)
 
 // cleanupParallel bounds the cleanup requests AcquireAll has in flight at
 // once (unputIfOurs, or Release of a grant it gives back).
 const cleanupParallel = 32
 
-// AcquireAll implements leasecore.BatchAcquirer.
+// AcquireAll implements backendkit.BatchAcquirer.
 //
 // With WithSharedLeases every name of the batch is put with the holder's
 // one shared etcd lease of ttl (granted or refreshed first when needed, as
@@ -57,7 +58,7 @@ const cleanupParallel = 32
 //
 // errs[i] is what Acquire returned for names[i]; the grants of the other
 // names stand. err is for the call as a whole — bad input
-// (leasecore.CheckAcquireAll with MinTTL, a TTL of whole seconds), the
+// (backendkit.CheckAcquireAll with MinTTL, a TTL of whole seconds), the
 // store closed (ErrStoreClosed), or a shared-mode transaction, or the
 // shared lease it needs, that failed (etcd unavailable, ctx done) — and
 // then the caller holds none of the names: the keys of a transaction whose
@@ -70,7 +71,7 @@ const cleanupParallel = 32
 // lapses with the shared lease when the holder stops renewing.
 func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []leasecore.Grant, errs []error, err error) {
 	const op = "acquire all"
-	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	if err := checkWholeSeconds(op, ttl); err != nil {

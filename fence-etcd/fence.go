@@ -12,6 +12,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Fence is the fence over a scope's floor on etcd, for the caller's own
@@ -191,7 +192,7 @@ func (f *Fence) Guard(c leasecore.Claim) clientv3.Cmp {
 // together with the error.
 func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "advance"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	at := time.Now()
@@ -252,7 +253,7 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // the error.
 func (f *Fence) Commit(ctx context.Context, c leasecore.Claim, t Txn) (leasecore.Result, *clientv3.TxnResponse, error) {
 	const op = "commit"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, nil, err
 	}
 	if err := f.checkTxn(op, t); err != nil {
@@ -396,7 +397,7 @@ func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) er
 	if token != floor {
 		return nil // written with an earlier floor: the current one's space is unknown
 	}
-	return leasecore.TokenSpaceMismatch(op, c, floor, space)
+	return backendkit.TokenSpaceMismatch(op, c, floor, space)
 }
 
 // logRejection stores a rejected attempt's record, unless the log is off.
@@ -468,7 +469,7 @@ func reaches(key, end, p string) bool {
 // returns a *leasecore.ArgError before anything is sent.
 func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	const op = "attempts"
-	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+	if err := backendkit.CheckAttemptQuery(ctx, op, q); err != nil {
 		return nil, err
 	}
 	end := clientv3.GetPrefixRangeEnd(f.layout.AttemptPrefix(q.Scope))
@@ -498,7 +499,7 @@ func (f *Fence) Floor(ctx context.Context, scope string) (leasecore.Token, error
 // *leasecore.ArgError before anything is sent. Floors are never pruned.
 func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
 	const op = "prune attempts"
-	if err := leasecore.CheckPrune(ctx, op, scope, before); err != nil {
+	if err := backendkit.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err
 	}
 	resp, err := f.kv.Delete(ctx, f.layout.AttemptPrefix(scope), clientv3.WithRange(f.layout.AttemptsAt(scope, before)))

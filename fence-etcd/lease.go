@@ -16,12 +16,13 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // LeaseStore is a lease service on etcd: one key per lease name, attached
 // to an etcd lease, whose create revision is the fencing token
 // (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector,
-// leasecore.BatchRenewer and leasecore.Waiter: WaitFree watches the lease's
+// backendkit.BatchRenewer and backendkit.Waiter: WaitFree watches the lease's
 // key and returns on its delete, which a release and the lessor's revoke
 // at expiry both are, so a waiting leasecore.Campaign takes over as soon as
 // the key is gone. It is safe for concurrent use.
@@ -84,8 +85,8 @@ type LeaseStore struct {
 var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
-	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
-	_ leasecore.Waiter         = (*LeaseStore)(nil)
+	_ backendkit.BatchRenewer  = (*LeaseStore)(nil)
+	_ backendkit.Waiter        = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
@@ -168,7 +169,7 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // After Close, Acquire returns an error wrapping ErrStoreClosed.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	const op = "acquire"
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	if err := checkWholeSeconds(op, ttl); err != nil {
@@ -377,7 +378,7 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 
 // checkGrant validates a grant passed to Renew or Release.
 func (s *LeaseStore) checkGrant(ctx context.Context, op string, g leasecore.Grant) error {
-	if err := leasecore.CheckGrant(ctx, op, g, MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, op, g, MinTTL); err != nil {
 		return err
 	}
 	return checkWholeSeconds(op, g.TTL)
@@ -434,7 +435,7 @@ func lostHold(op string, g leasecore.Grant, reason string) error {
 // seconds, rounded down: the lease may run up to a second longer.
 func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
 	const op = "inspect"
-	if err := leasecore.CheckInspect(ctx, name); err != nil {
+	if err := backendkit.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	free := leasecore.LeaseState{Name: name}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // moveWriter is the writer an install's attempt record names.
@@ -63,13 +64,13 @@ const moveWriter = "leasefence scope move"
 // Every op of reads must be a Get: the old copy of the data is deleted, if
 // at all, after the install committed (a delete here before that would
 // lose the scope if the move stopped halfway). Bad input — scope and to
-// as names (leasecore.CheckSeal), an op that is not a Get — returns a
+// as names (backendkit.CheckSeal), an op that is not a Get — returns a
 // *leasecore.ArgError naming the field before anything is sent. etcd's
 // limit of operations per transaction (--max-txn-ops, 128 by default)
 // applies to reads plus the seal's three operations.
 func (f *Fence) Seal(ctx context.Context, scope, to string, reads ...clientv3.Op) (leasecore.ScopeSeal, *clientv3.TxnResponse, error) {
 	const op = "seal"
-	if err := leasecore.CheckSeal(ctx, op, scope, to); err != nil {
+	if err := backendkit.CheckSeal(ctx, op, scope, to); err != nil {
 		return leasecore.ScopeSeal{}, nil, err
 	}
 	for i, o := range reads {
@@ -240,14 +241,14 @@ func subResponse(resp *clientv3.TxnResponse, i, n int) *clientv3.TxnResponse {
 // and the install is rejected when it has one.
 //
 // writes must not write the fence's keys; such writes, and a seal
-// leasecore.CheckScopeSeal refuses (the sealed floor itself, a space
+// backendkit.CheckScopeSeal refuses (the sealed floor itself, a space
 // without a floor, ...), return a *leasecore.ArgError naming the field
 // before anything is sent. A rejection is logged like Advance's (writer
 // "leasefence scope move"). etcd's limit of operations per transaction
 // applies to writes plus up to three of the install's own.
 func (f *Fence) Install(ctx context.Context, s leasecore.ScopeSeal, writes ...clientv3.Op) (leasecore.Result, *clientv3.TxnResponse, error) {
 	const op = "install"
-	if err := leasecore.CheckScopeSeal(ctx, op, s); err != nil {
+	if err := backendkit.CheckScopeSeal(ctx, op, s); err != nil {
 		return leasecore.Result{}, nil, err
 	}
 	if err := f.checkWrites(op, "writes", writes); err != nil {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // WithFenceObserver adds a function called with the outcome of every
@@ -32,13 +33,13 @@ func WithFenceObserver(f func(leasecore.FenceEvent)) Option {
 	}
 }
 
-// WithLogger logs the fence's outcomes to l (leasecore.FenceLogger): a
+// WithLogger logs the fence's outcomes to l (backendkit.FenceLogger): a
 // stale write rejected at WARN with its token and the floor that beat it,
 // a token from another lease service at ERROR, an accepted write at DEBUG
 // only. It is a fence observer like those of WithFenceObserver, and adds
 // to them. A nil l is ignored. Sessions log with leasecore.WithLogger.
 func WithLogger(l *slog.Logger) Option {
-	return WithFenceObserver(leasecore.FenceLogger(l))
+	return WithFenceObserver(backendkit.FenceLogger(l))
 }
 
 // report tells the fence's observers, if any, how the write op of claim c

@@ -11,6 +11,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // MaxList is the largest limit of LeaseStore.List and Fence.Floors: one
@@ -30,7 +31,7 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	prefix := s.layout.LeasePrefix()
@@ -163,7 +164,7 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 // (the leasefence command's floors warns of it). One request.
 func (s *LeaseStore) TokenCeiling(ctx context.Context) (leasecore.Token, error) {
 	const op = "token ceiling"
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return 0, err
 	}
 	resp, err := s.kv.Get(ctx, s.layout.LeasePrefix(), clientv3.WithCountOnly())
@@ -183,7 +184,7 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, 
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	prefix := f.layout.FloorPrefix()
@@ -221,7 +222,7 @@ const rejectedPage = 1000
 // before anything is sent.
 func (f *Fence) RejectedAttempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	const op = "rejected attempts"
-	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+	if err := backendkit.CheckAttemptQuery(ctx, op, q); err != nil {
 		return nil, err
 	}
 	from, end := f.layout.AttemptsAt(q.Scope, q.Since), clientv3.GetPrefixRangeEnd(f.layout.AttemptPrefix(q.Scope))
@@ -264,17 +265,17 @@ func checkLimit(op string, limit int) error {
 // checkTakeOver validates TakeOver's input as Acquire does, under op's
 // name.
 func checkTakeOver(ctx context.Context, op, name, holder string, ttl time.Duration) error {
-	if err := leasecore.CheckName(op, "name", name); err != nil {
+	if err := backendkit.CheckName(op, "name", name); err != nil {
 		return err
 	}
-	if err := leasecore.CheckName(op, "holder", holder); err != nil {
+	if err := backendkit.CheckName(op, "holder", holder); err != nil {
 		return err
 	}
-	if err := leasecore.CheckTTL(op, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckTTL(op, ttl, MinTTL); err != nil {
 		return err
 	}
 	if err := checkWholeSeconds(op, ttl); err != nil {
 		return err
 	}
-	return leasecore.CheckContext(op, ctx)
+	return backendkit.CheckContext(op, ctx)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Outbox is a fenced outbox for side effects the downstream system cannot
@@ -115,10 +116,10 @@ func NewOutbox(cli *clientv3.Client, opts ...Option) (*Outbox, error) {
 // own compares (etcd's limit of one write per key and per request applies
 // as usual).
 //
-// Bad input (see leasecore.CheckOutboxEntry) returns a *leasecore.ArgError.
+// Bad input (see backendkit.CheckOutboxEntry) returns a *leasecore.ArgError.
 func (o *Outbox) Op(c leasecore.Claim, topic string, payload []byte) (clientv3.Op, error) {
 	const op = "outbox op"
-	if err := leasecore.CheckOutboxEntry(context.Background(), op, c, topic, payload); err != nil {
+	if err := backendkit.CheckOutboxEntry(context.Background(), op, c, topic, payload); err != nil {
 		return clientv3.Op{}, err
 	}
 	rec := etcdkv.NewOutboxRecord(c, topic)
@@ -145,7 +146,7 @@ func (o *Outbox) Op(c leasecore.Claim, topic string, payload []byte) (clientv3.O
 // would block the outbox. See Outbox for what concurrent relays do.
 func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error) {
 	const op = "relay"
-	if err := leasecore.CheckRelay(ctx, op, deliver); err != nil {
+	if err := backendkit.CheckRelay(ctx, op, deliver); err != nil {
 		return 0, err
 	}
 	n := 0
@@ -173,16 +174,16 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 	}
 }
 
-// Pending returns at most limit (1 to leasecore.MaxAttemptsRead) entries
+// Pending returns at most limit (1 to backendkit.MaxAttemptsRead) entries
 // not yet delivered, of every scope, oldest first: what the relays have
 // still to do. One range read of every pending entry.
 func (o *Outbox) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error) {
 	const op = "outbox pending"
-	if limit < 1 || limit > leasecore.MaxAttemptsRead {
+	if limit < 1 || limit > backendkit.MaxAttemptsRead {
 		return nil, &leasecore.ArgError{Op: op, Field: "limit", Value: fmt.Sprint(limit),
-			Reason: fmt.Sprintf("must be 1 to %d", leasecore.MaxAttemptsRead)}
+			Reason: fmt.Sprintf("must be 1 to %d", backendkit.MaxAttemptsRead)}
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	pending, err := o.pending(ctx, op)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // MaxTxnOps is the most operations fence-etcd puts in one transaction:
@@ -27,7 +28,7 @@ const MaxTxnOps = 128
 // keepAliveParallel bounds the keep-alives RenewAll has in flight at once.
 const keepAliveParallel = 16
 
-// RenewAll implements leasecore.BatchRenewer: it renews one holder's leases
+// RenewAll implements backendkit.BatchRenewer: it renews one holder's leases
 // gs, each by Renew's rule and each keeping its own token.
 //
 // With WithSharedLeases all of a holder's names with one TTL share one etcd
@@ -97,12 +98,12 @@ const keepAliveParallel = 16
 // whose Reason says, as Renew's does, why: the key is gone ("no such lease
 // (expired or released)"), carries another token or holder, or its etcd
 // lease expired between the read and the keep-alive ("expired"). err is for
-// the call as a whole: bad input (leasecore.CheckRenewAll, TTLs of whole
+// the call as a whole: bad input (backendkit.CheckRenewAll, TTLs of whole
 // seconds), etcd unreachable, ctx done; then some leases may have been
 // renewed, none for certain, and renewed and lost are nil.
 func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) (renewed []leasecore.Grant, lost []error, err error) {
 	const op = "renew all"
-	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+	if err := backendkit.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	for i, g := range gs {

@@ -8,13 +8,14 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Resource is a fenced resource on etcd: report parts grouped in scopes,
 // written under a Fence (leasecore.FencedResource, I3). It is one user of
 // the fence, with the same floors: a write is Fence.Commit of a
-// transaction that puts the part. It also implements leasecore.BatchWriter
-// and leasecore.ResourceReader. It never reads a lease key: it decides from
+// transaction that puts the part. It also implements backendkit.BatchWriter
+// and backendkit.ResourceReader. It never reads a lease key: it decides from
 // the scope's floor only. It is safe for concurrent use.
 //
 // Keys, under the prefix set by WithPrefix, each name escaped with
@@ -34,9 +35,9 @@ type Resource struct {
 }
 
 var (
-	_ leasecore.FencedResource = (*Resource)(nil)
-	_ leasecore.BatchWriter    = (*Resource)(nil)
-	_ leasecore.ResourceReader = (*Resource)(nil)
+	_ leasecore.FencedResource  = (*Resource)(nil)
+	_ backendkit.BatchWriter    = (*Resource)(nil)
+	_ backendkit.ResourceReader = (*Resource)(nil)
 )
 
 // NewResource returns a fenced resource on cli, with keys under the prefix
@@ -79,23 +80,23 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 // floor from another token space, see Fence). Result.Floor
 // is the floor after the attempt: w.Token when accepted, the larger floor
 // when rejected. The part is carried once in each request, so a write of
-// leasecore.MaxContentLen bytes (base64 in its record) stays inside etcd's
+// backendkit.MaxContentLen bytes (base64 in its record) stays inside etcd's
 // default 1.5 MiB request limit.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	const op = "write"
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	at := time.Now()
 	part := clientv3.OpPut(r.fence.layout.Part(w.Scope, w.Part), etcdkv.NewPartRecordAt(w, at).Encode())
-	res, _, err := r.fence.commit(ctx, op, leasecore.ClaimOf(w), Txn{Then: []clientv3.Op{part}}, at,
+	res, _, err := r.fence.commit(ctx, op, backendkit.ClaimOf(w), Txn{Then: []clientv3.Op{part}}, at,
 		func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
 			return etcdkv.NewAttemptRecordAt(w, accepted, floor, at)
 		})
 	return res, err
 }
 
-// WriteBatch implements leasecore.BatchWriter like Write, with one put per
+// WriteBatch implements backendkit.BatchWriter like Write, with one put per
 // part in the caller's branch of the guarded transaction:
 //
 //	If(Value(floor) == enc(b.Token))
@@ -112,7 +113,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 // its parts share one outcome. (One key per part would also not fit:
 // etcd allows at most 128 operations per transaction by default.)
 //
-// leasecore.CheckBatch limits the content to leasecore.MaxContentLen in all,
+// backendkit.CheckBatch limits the content to backendkit.MaxContentLen in all,
 // which as base64 with its records stays below etcd's default request limit
 // (1.5 MiB) for ordinary names. Near-maximal content with the longest names
 // full of characters that must be escaped can still exceed it: etcd then
@@ -120,7 +121,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 // wrapping leasecore.ErrInvalidArgument.
 func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
 	const op = "write batch"
-	if err := leasecore.CheckBatch(ctx, b); err != nil {
+	if err := backendkit.CheckBatch(ctx, b); err != nil {
 		return leasecore.Result{}, err
 	}
 	at := time.Now()
@@ -137,19 +138,19 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 	return res, err
 }
 
-// Floor implements leasecore.ResourceReader: the scope's floor, 0 when the
+// Floor implements backendkit.ResourceReader: the scope's floor, 0 when the
 // scope never accepted a write.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return r.read.Floor(ctx, scope)
 }
 
-// ReadPart implements leasecore.ResourceReader: the part's current content;
+// ReadPart implements backendkit.ResourceReader: the part's current content;
 // ok is false when it was never written. WrittenAt is the writer's clock.
 func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	return r.read.ReadPart(ctx, scope, part)
 }
 
-// Attempts implements leasecore.ResourceReader: the scope's whole attempt
+// Attempts implements backendkit.ResourceReader: the scope's whole attempt
 // log (what WithAttemptLog records; Fence.Attempts reads it in bounded
 // pieces), in the order etcd stored the records (by revision). An accepted
 // attempt's record is stored with its write, so accepted attempts appear in

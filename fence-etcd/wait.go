@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // waitSpread is added to a wait's bound once for the lessor's expiry round
@@ -21,7 +22,7 @@ import (
 // same remaining TTL.
 const waitSpread = 500 * time.Millisecond
 
-// WaitFree implements leasecore.Waiter with a watch: it reads the lease's
+// WaitFree implements backendkit.Waiter with a watch: it reads the lease's
 // key and returns at once when the key is absent (never held, released or
 // expired). Otherwise it watches the key from the revision after that read,
 // so a delete that happened since is still delivered, and returns on the
@@ -42,10 +43,10 @@ const waitSpread = 500 * time.Millisecond
 // Close. WaitFree reads only: it takes no lock and changes nothing.
 func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 	const op = "wait free"
-	if err := leasecore.CheckName(op, "name", name); err != nil {
+	if err := backendkit.CheckName(op, "name", name); err != nil {
 		return err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if s.isClosed() {

@@ -10,11 +10,12 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
+var _ backendkit.BatchAcquirer = (*LeaseStore)(nil)
 
-// AcquireAll implements leasecore.BatchAcquirer: it acquires names for
+// AcquireAll implements backendkit.BatchAcquirer: it acquires names for
 // holder for ttl, each by Acquire's rule, in
 //
 //   - ONE statement for every name that has no lease row yet, the common
@@ -37,7 +38,7 @@ var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
 // wrapping leasecore.ErrHeld, or that name's own failure (the grants of
 // the other names stand).
 //
-// err is for the call as a whole: bad input (leasecore.CheckAcquireAll,
+// err is for the call as a whole: bad input (backendkit.CheckAcquireAll,
 // with MinTTL), or the statement failed; then no name is granted to the
 // caller. When the statement's outcome is unknown (the connection broke or
 // ctx ended after it was sent):
@@ -62,7 +63,7 @@ var _ leasecore.BatchAcquirer = (*LeaseStore)(nil)
 //     come back refused with ErrHeld, as a resent Acquire's does.
 func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []leasecore.Grant, errs []error, err error) {
 	const op = "acquire all"
-	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	arg, err := json.Marshal(names)

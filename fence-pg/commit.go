@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The fenced transaction decides at commit. Its comparison with the floor
@@ -475,7 +476,7 @@ func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecor
 // COMMIT the server would answer with a warning.
 func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	if tx == nil {
@@ -513,7 +514,7 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 // often idle_in_transaction_session_timeout inside a transaction.
 func (f *Fence) CommitTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	if tx == nil {
@@ -536,7 +537,7 @@ func (f *Fence) idleSetting() any {
 }
 
 func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return err
 	}
 	if nilFn {

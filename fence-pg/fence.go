@@ -16,6 +16,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Fence is the scope fence over the floor table of one database, for the
@@ -145,7 +146,7 @@ func newConfig(op string, opts []Option) (config, error) {
 	if err := checkSchemaName(op, c.schema); err != nil {
 		return config{}, err
 	}
-	if err := leasecore.CheckAttemptLog(op, c.log); err != nil {
+	if err := backendkit.CheckAttemptLog(op, c.log); err != nil {
 		return config{}, err
 	}
 	for _, d := range []struct {
@@ -268,7 +269,7 @@ type Querier interface {
 // check validates c, runs stmt with the check's parameters, and logs a
 // rejection on the Fence's own pool.
 func (f *Fence) check(ctx context.Context, op string, c leasecore.Claim, stmt func(args []any) (int64, error)) (leasecore.Result, error) {
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	// A rejected entry written inside the caller's transaction would be
@@ -326,7 +327,7 @@ func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) er
 	case err != nil:
 		return pgstore.MapError(ctx, pkg, op+": read the floor's token space", err)
 	}
-	return leasecore.TokenSpaceMismatch(op, c, leasecore.Token(floor), space)
+	return backendkit.TokenSpaceMismatch(op, c, leasecore.Token(floor), space)
 }
 
 // logRejected records a rejected check in autocommit on the Fence's pool,
@@ -390,7 +391,7 @@ type BatchSender interface {
 // b took effect, though the floor may have been advanced to c.Token.
 func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
 	const op = "send batch"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	switch s.(type) {
@@ -502,7 +503,7 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // advance is Advance without the report, for SendBatch too.
 func (f *Fence) advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "advance"
-	if err := leasecore.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	var floor int64
@@ -537,7 +538,7 @@ func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]lease
 // before (by the database clock) and returns how many it deleted.
 func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
 	const op = "prune attempts"
-	if err := leasecore.CheckPrune(ctx, op, scope, before); err != nil {
+	if err := backendkit.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err
 	}
 	var n int64

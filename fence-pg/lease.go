@@ -13,12 +13,13 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // LeaseStore is a lease service on the lease database: one row per lease
 // name in table lease, and a token that grows by exactly 1 on every acquire
 // (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector,
-// leasecore.BatchRenewer and leasecore.Waiter: Release notifies the lease's
+// backendkit.BatchRenewer and backendkit.Waiter: Release notifies the lease's
 // name with pg_notify in the same statement, and WaitFree LISTENs on a
 // connection of its own, so a waiting leasecore.Campaign is woken when the
 // release commits and otherwise when the holding period's remaining time by
@@ -104,8 +105,8 @@ type LeaseStore struct {
 var (
 	_ leasecore.Lease          = (*LeaseStore)(nil)
 	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
-	_ leasecore.BatchRenewer   = (*LeaseStore)(nil)
-	_ leasecore.Waiter         = (*LeaseStore)(nil)
+	_ backendkit.BatchRenewer  = (*LeaseStore)(nil)
+	_ backendkit.Waiter        = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
@@ -184,7 +185,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 // With holder sessions it extends g's session instead, and with it every
 // name on that session (see LeaseStore).
 func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
-	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	if s.sessions {
@@ -209,7 +210,7 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // With holder sessions it takes the name off its session, which lives on
 // for the holder's other names.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
-	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "release", g, MinTTL); err != nil {
 		return err
 	}
 	if s.sessions {
@@ -276,7 +277,7 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 	return "changed concurrently (released, or expired and taken over, while this statement ran)"
 }
 
-// RenewAll implements leasecore.BatchRenewer with one statement (RenewAll
+// RenewAll implements backendkit.BatchRenewer with one statement (RenewAll
 // in internal/pgsql) for all of one holder's leases: a holder that owns
 // many names (shard ownership) renews them with one round trip per
 // interval instead of one per name. Each lease is judged by Renew's rule
@@ -290,7 +291,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 	if s.sessions {
 		return s.renewAllSession(ctx, gs)
 	}
-	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+	if err := backendkit.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	arg, index, err := renewAllInput(gs)
@@ -342,7 +343,7 @@ func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leas
 // mode.
 func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
 	const op = "inspect"
-	if err := leasecore.CheckInspect(ctx, name); err != nil {
+	if err := backendkit.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	st := leasecore.LeaseState{Name: name}

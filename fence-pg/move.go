@@ -10,6 +10,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // moveWriter is the writer an install's check names in the attempt log.
@@ -45,7 +46,7 @@ const moveWriter = "leasefence scope move"
 // Checks of a sealed scope are rejected with Result.Floor =
 // leasecore.SealedFloor and a *leasecore.ScopeMovedError naming the
 // destination (read only on the rejection path). Bad input (scope and to
-// are names, leasecore.CheckSeal) returns a *leasecore.ArgError before
+// are names, backendkit.CheckSeal) returns a *leasecore.ArgError before
 // anything is sent. A scope is not moved back to a database it was sealed
 // at: InstallScope refuses it there (see InstallScope).
 func (f *Fence) SealScope(ctx context.Context, tx Querier, scope, to string) (leasecore.ScopeSeal, error) {
@@ -74,7 +75,7 @@ func (f *Fence) SealScopeTx(ctx context.Context, tx *sql.Tx, scope, to string) (
 }
 
 func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args ...any) (string, error)) (leasecore.ScopeSeal, error) {
-	if err := leasecore.CheckSeal(ctx, op, scope, to); err != nil {
+	if err := backendkit.CheckSeal(ctx, op, scope, to); err != nil {
 		return leasecore.ScopeSeal{}, err
 	}
 	rec, err := stmt(scope, to)
@@ -124,7 +125,7 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 // location meanwhile; no holder should be routed here yet). It commits
 // durably; a rejection is logged on the Fence's pool (writer "leasefence
 // scope move"). Bad input
-// (leasecore.CheckScopeSeal: the sealed floor itself, a space without a
+// (backendkit.CheckScopeSeal: the sealed floor itself, a space without a
 // floor, ...) returns a *leasecore.ArgError naming the field before
 // anything is sent.
 func (f *Fence) InstallScope(ctx context.Context, tx Querier, s leasecore.ScopeSeal) (leasecore.Result, error) {
@@ -153,7 +154,7 @@ func (f *Fence) InstallScopeTx(ctx context.Context, tx *sql.Tx, s leasecore.Scop
 }
 
 func (f *Fence) install(ctx context.Context, op string, s leasecore.ScopeSeal, query func(stmt string, args []any) (int64, error)) (leasecore.Result, error) {
-	if err := leasecore.CheckScopeSeal(ctx, op, s); err != nil {
+	if err := backendkit.CheckScopeSeal(ctx, op, s); err != nil {
 		return leasecore.Result{}, err
 	}
 	if s.Floor > 0 {
@@ -224,7 +225,7 @@ type sealRecord struct {
 func decodeSeal(scope, rec string) (leasecore.ScopeSeal, error) {
 	var r sealRecord
 	if err := json.Unmarshal([]byte(rec), &r); err != nil || r.MovedTo == nil || r.Floor == nil ||
-		*r.Floor < 0 || leasecore.Token(*r.Floor) > leasecore.MaxToken {
+		*r.Floor < 0 || leasecore.Token(*r.Floor) > backendkit.MaxToken {
 		return leasecore.ScopeSeal{}, fmt.Errorf("scope %q: the floor is the sealed floor %d but its row holds no seal record (%q): "+
 			"it was written outside the fence", scope, leasecore.SealedFloor, rec)
 	}

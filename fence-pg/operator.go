@@ -8,6 +8,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // MaxList is the largest limit of LeaseStore.List and Fence.Floors: one
@@ -25,7 +26,7 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	var out []leasecore.LeaseState
@@ -119,7 +120,7 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, 
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	rows, err := f.db.Query(ctx, pgsql.InSchema(pgsql.ListFloors, f.cfg.schema), limit)
@@ -164,14 +165,14 @@ func checkLimit(op string, limit int) error {
 // checkTakeOver validates TakeOver's input as CheckAcquire does Acquire's,
 // under op's name.
 func checkTakeOver(ctx context.Context, op, name, holder string, ttl, minTTL time.Duration) error {
-	if err := leasecore.CheckName(op, "name", name); err != nil {
+	if err := backendkit.CheckName(op, "name", name); err != nil {
 		return err
 	}
-	if err := leasecore.CheckName(op, "holder", holder); err != nil {
+	if err := backendkit.CheckName(op, "holder", holder); err != nil {
 		return err
 	}
-	if err := leasecore.CheckTTL(op, ttl, minTTL); err != nil {
+	if err := backendkit.CheckTTL(op, ttl, minTTL); err != nil {
 		return err
 	}
-	return leasecore.CheckContext(op, ctx)
+	return backendkit.CheckContext(op, ctx)
 }

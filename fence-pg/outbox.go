@@ -15,6 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 //go:embed schema/outbox.sql
@@ -150,7 +151,7 @@ func newOutbox(op string, db dbx.DB, opts []Option) (*Outbox, error) {
 // scope), Add inserts nothing and returns an error wrapping
 // leasecore.ErrInvalidArgument that gives the floor: roll back.
 //
-// Bad input (see leasecore.CheckOutboxEntry; a nil tx) returns a
+// Bad input (see backendkit.CheckOutboxEntry; a nil tx) returns a
 // *leasecore.ArgError before anything is sent. Server and connection
 // errors are classified as everywhere in this package (ErrUnavailable,
 // the context's error, ...); tx is then of no more use.
@@ -174,7 +175,7 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic
 
 func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic string, payload []byte,
 	queryRow func(q string, args ...any) dbx.Row) (leasecore.OutboxEntry, error) {
-	if err := leasecore.CheckOutboxEntry(ctx, op, c, topic, payload); err != nil {
+	if err := backendkit.CheckOutboxEntry(ctx, op, c, topic, payload); err != nil {
 		return leasecore.OutboxEntry{}, err
 	}
 	if payload == nil {
@@ -224,7 +225,7 @@ const relayPage = 100
 // concurrent relays do.
 func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error) {
 	const op = "relay"
-	if err := leasecore.CheckRelay(ctx, op, deliver); err != nil {
+	if err := backendkit.CheckRelay(ctx, op, deliver); err != nil {
 		return 0, err
 	}
 	n := 0
@@ -260,16 +261,16 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 	}
 }
 
-// Pending returns at most limit (1 to leasecore.MaxAttemptsRead) entries
+// Pending returns at most limit (1 to backendkit.MaxAttemptsRead) entries
 // not yet delivered, of every scope, oldest first: what the relays have
 // still to do.
 func (o *Outbox) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error) {
 	const op = "outbox pending"
-	if limit < 1 || limit > leasecore.MaxAttemptsRead {
+	if limit < 1 || limit > backendkit.MaxAttemptsRead {
 		return nil, &leasecore.ArgError{Op: op, Field: "limit", Value: fmt.Sprint(limit),
-			Reason: fmt.Sprintf("must be 1 to %d", leasecore.MaxAttemptsRead)}
+			Reason: fmt.Sprintf("must be 1 to %d", backendkit.MaxAttemptsRead)}
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	return o.pending(ctx, op, limit)
@@ -313,7 +314,7 @@ func (o *Outbox) PruneDelivered(ctx context.Context, before time.Time) (int64, e
 	if before.After(time.Now()) {
 		return 0, &leasecore.ArgError{Op: op, Field: "before", Value: before.Format(time.RFC3339Nano), Reason: "is in the future"}
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return 0, err
 	}
 	var n int64

@@ -12,13 +12,14 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Resource is a fenced resource on the resource database: report parts
 // grouped in scopes, written under the scope fence of Fence
 // (leasecore.FencedResource, I3) — the part store is one user of the same
 // check that callers run on their own rows. It also implements
-// leasecore.BatchWriter and leasecore.ResourceReader. It never sees the
+// backendkit.BatchWriter and backendkit.ResourceReader. It never sees the
 // lease database. It is safe for concurrent use.
 type Resource struct {
 	fence *Fence
@@ -27,9 +28,9 @@ type Resource struct {
 }
 
 var (
-	_ leasecore.FencedResource = (*Resource)(nil)
-	_ leasecore.BatchWriter    = (*Resource)(nil)
-	_ leasecore.ResourceReader = (*Resource)(nil)
+	_ leasecore.FencedResource  = (*Resource)(nil)
+	_ backendkit.BatchWriter    = (*Resource)(nil)
+	_ backendkit.ResourceReader = (*Resource)(nil)
 )
 
 // NewResource returns a fenced resource on a pgx pool connected to the
@@ -89,10 +90,10 @@ func renameOp(err error, op string) error {
 // every write runs the full statement alone.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	const op = "write"
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	c := leasecore.ClaimOf(w)
+	c := backendkit.ClaimOf(w)
 	shared := query(ctx, r.fence.stmt.writeShared, c.Scope, int64(c.Token), c.Writer, w.Part, w.Content)
 	if commitgap.From(ctx) == nil {
 		// In autocommit (not in the commit-gap test hook's transaction),
@@ -104,13 +105,13 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 		query(ctx, r.fence.stmt.write, append(r.fence.args(c, true), w.Part, w.Content)...))
 }
 
-// WriteBatch implements leasecore.BatchWriter like Write: one floor
+// WriteBatch implements backendkit.BatchWriter like Write: one floor
 // comparison for the whole batch, every part stored or none, one commit, and (as WithAttemptLog
 // says) one write_attempt row per part. Writing summary and detail this way
 // costs one round trip and one commit instead of two.
 func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
 	const op = "write batch"
-	if err := leasecore.CheckBatch(ctx, b); err != nil {
+	if err := backendkit.CheckBatch(ctx, b); err != nil {
 		return leasecore.Result{}, err
 	}
 	type jsonPart struct {
@@ -223,19 +224,19 @@ func (r *Resource) finish(ctx context.Context, op string, c leasecore.Claim, res
 	return res, err
 }
 
-// Floor implements leasecore.ResourceReader: the scope's floor, 0 when the
+// Floor implements backendkit.ResourceReader: the scope's floor, 0 when the
 // scope never accepted a write.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return r.read.Floor(ctx, scope)
 }
 
-// ReadPart implements leasecore.ResourceReader: the part's current content;
+// ReadPart implements backendkit.ResourceReader: the part's current content;
 // ok is false when it was never written.
 func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	return r.read.ReadPart(ctx, scope, part)
 }
 
-// Attempts implements leasecore.ResourceReader: every write attempt of the
+// Attempts implements backendkit.ResourceReader: every write attempt of the
 // scope, accepted or rejected, oldest first.
 func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	return r.read.Attempts(ctx, scope)

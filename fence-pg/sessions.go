@@ -14,6 +14,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // WithHolderSessions makes NewLeaseStore and NewLeaseStoreDB hang all names
@@ -93,7 +94,7 @@ const undoGrace = time.Minute
 // again later if that fails or ctx had ended (undoQueue). Such a failed
 // acquire returns no later than its ctx allows.
 func (s *LeaseStore) acquireSession(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	s.undos.retry(ctx, s, holder)
@@ -281,7 +282,7 @@ func (s *LeaseStore) sessionChange(ctx context.Context, op string, g leasecore.G
 // tells the store the generation for the next time.
 func (s *LeaseStore) renewAllSession(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
 	const op = "renew all"
-	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+	if err := backendkit.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	s.undos.retry(ctx, s, gs[0].Holder)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
-	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // errNoListen is why WaitFree cannot wait on a lib/pq connection: lib/pq
@@ -37,7 +37,7 @@ const (
 	unlistenTimeout = 2 * time.Second
 )
 
-// WaitFree implements leasecore.Waiter with LISTEN/NOTIFY: Release notifies
+// WaitFree implements backendkit.Waiter with LISTEN/NOTIFY: Release notifies
 // channel leasefence_lease_free, with "<schema>.<name>" as the payload, in
 // the same statement, so the notification is delivered when the release
 // commits (and never for a release that does not).
@@ -72,10 +72,10 @@ const (
 // connection trouble, as the other operations map them.
 func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 	const op = "wait free"
-	if err := leasecore.CheckName(op, "name", name); err != nil {
+	if err := backendkit.CheckName(op, "name", name); err != nil {
 		return err
 	}
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if s.noNotify {

@@ -2,8 +2,6 @@ package leasecore
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 )
 
@@ -14,7 +12,9 @@ type PartContent struct {
 }
 
 // Batch is several parts of one scope written under one token, all or none:
-// the daily report's summary and detail together.
+// the daily report's summary and detail together. A batch holds 1 to
+// backendkit.MaxBatchParts parts, with at most backendkit.MaxContentLen
+// bytes of content in all (backendkit.CheckBatch).
 type Batch struct {
 	Scope  string
 	Writer string
@@ -23,179 +23,14 @@ type Batch struct {
 	Parts  []PartContent
 }
 
-// MaxBatchParts is the largest number of parts in one Batch. The content
-// of all parts together is limited to MaxContentLen.
-const MaxBatchParts = 64
-
-// BatchWriter is an optional interface that may be implemented by a
-// FencedResource. WriteBatch compares b.Token with the scope's floor once
-// and, when it is accepted, stores every part in the same atomic operation
-// (one commit); otherwise it stores none. Each part's attempt is logged.
-// Without it, a caller writes the parts one by one, and a newer holder can
-// get in between: the first parts accepted, the rest rejected.
-type BatchWriter interface {
-	WriteBatch(ctx context.Context, b Batch) (Result, error)
-}
-
-// CheckBatch validates a batch: scope, writer, token and space as for a Write,
-// 1 to MaxBatchParts parts with distinct valid names, each content valid,
-// and all content together at most MaxContentLen bytes.
-func CheckBatch(ctx context.Context, b Batch) error {
-	const op = "write batch"
-	if err := CheckName(op, "scope", b.Scope); err != nil {
-		return err
-	}
-	if err := CheckName(op, "writer", b.Writer); err != nil {
-		return err
-	}
-	if err := CheckToken(op, b.Token); err != nil {
-		return err
-	}
-	if err := CheckSpace(op, b.Space); err != nil {
-		return err
-	}
-	if len(b.Parts) == 0 || len(b.Parts) > MaxBatchParts {
-		return &ArgError{Op: op, Field: "parts", Value: fmt.Sprint(len(b.Parts)),
-			Reason: fmt.Sprintf("must hold 1 to %d parts", MaxBatchParts)}
-	}
-	seen := make(map[string]int, len(b.Parts))
-	total := 0
-	for i, p := range b.Parts {
-		if err := CheckName(op, fmt.Sprintf("parts[%d].part", i), p.Part); err != nil {
-			return err
-		}
-		if j, dup := seen[p.Part]; dup {
-			return &ArgError{Op: op, Field: fmt.Sprintf("parts[%d].part", i), Value: Quote(p.Part),
-				Reason: fmt.Sprintf("repeats parts[%d]", j)}
-		}
-		seen[p.Part] = i
-		if err := checkContent(op, fmt.Sprintf("parts[%d].content", i), p.Content); err != nil {
-			return err
-		}
-		total += len(p.Content)
-	}
-	if total > MaxContentLen {
-		return &ArgError{Op: op, Field: "parts", Value: fmt.Sprintf("%d bytes", total),
-			Reason: fmt.Sprintf("content of all parts together is larger than %d bytes", MaxContentLen)}
-	}
-	return CheckContext(op, ctx)
-}
-
-// BatchRenewer is an optional interface that may be implemented by a Lease.
-// A holder that owns many leases (shard ownership) renews them all in one
-// operation instead of one round trip per name. Each lease keeps its own
-// token and its own holding period; the rules of Lease.Renew apply to each.
-//
-// RenewAll returns, in the order of gs, the renewed grant (with a new
-// Start) or, in lost[i], an error wrapping ErrLost for a grant whose hold
-// is over; lost[i] is nil for a renewed grant. err is for the operation as
-// a whole (bad input, backend unavailable), and then nothing was renewed
-// for certain.
-type BatchRenewer interface {
+// batchRenewer is backendkit.BatchRenewer, which documents it for
+// backends: NewSessionSet requires it of its lease.
+type batchRenewer interface {
 	RenewAll(ctx context.Context, gs []Grant) (renewed []Grant, lost []error, err error)
 }
 
-// MaxRenewAll is the largest number of grants in one RenewAll.
-const MaxRenewAll = 10000
-
-// CheckRenewAll validates the grants of RenewAll: 1 to MaxRenewAll valid
-// grants of one holder, with distinct names.
-func CheckRenewAll(ctx context.Context, gs []Grant, minTTL time.Duration) error {
-	const op = "renew all"
-	if len(gs) == 0 || len(gs) > MaxRenewAll {
-		return &ArgError{Op: op, Field: "grants", Value: fmt.Sprint(len(gs)),
-			Reason: fmt.Sprintf("must hold 1 to %d grants", MaxRenewAll)}
-	}
-	seen := make(map[string]int, len(gs))
-	for i, g := range gs {
-		if err := CheckGrant(ctx, op, g, minTTL); err != nil {
-			if ae := (*ArgError)(nil); errors.As(err, &ae) {
-				ae.Field = fmt.Sprintf("grants[%d].%s", i, ae.Field)
-			}
-			return err
-		}
-		if g.Holder != gs[0].Holder {
-			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].holder", i), Value: Quote(g.Holder),
-				Reason: fmt.Sprintf("differs from grants[0].holder %s: one call renews one holder's leases", Quote(gs[0].Holder))}
-		}
-		if j, dup := seen[g.Name]; dup {
-			return &ArgError{Op: op, Field: fmt.Sprintf("grants[%d].name", i), Value: Quote(g.Name),
-				Reason: fmt.Sprintf("repeats grants[%d]", j)}
-		}
-		seen[g.Name] = i
-	}
-	return nil
-}
-
-// BatchAcquirer is an optional interface that may be implemented by a
-// Lease. A holder that starts with many names (shard ownership) acquires
-// them in one call instead of one round trip, and one durable commit, per
-// name. SessionSet.AcquireAll uses it when its lease has it.
-//
-// AcquireAll judges each name by the rules of Lease.Acquire, on its own:
-// a name that is free, expired or released is granted to holder for ttl
-// with a token strictly larger than every token issued for it before; a
-// name with an unexpired holding period (whoever holds it, holder
-// included) is refused and left unchanged. The call is not all or none:
-// some names may be granted and others refused.
-//
-// It returns, in the order of names, grants[i] when errs[i] is nil, or in
-// errs[i] what Acquire would have returned for names[i]: a *HoldError
-// wrapping ErrHeld, or an error wrapping ErrUnavailable or ctx's error
-// when the request of that name alone failed (the grants of the other
-// names stand). Tokens are per name, as always; two names of one call may
-// get the same token value (an etcd transaction's revision), which says
-// nothing about either (see ErrTokenSpace: tokens compare within one name).
-// Each grant's Start is read before the request that granted it, as
-// Acquire's (or dated back, as Acquire's may be).
-//
-// err is for the call as a whole: bad input (CheckAcquireAll, and the
-// backend's own limits), the backend unavailable, ctx done. Then grants and
-// errs are nil and the caller holds none of the names: whatever the
-// backend may have granted before it failed is given back or undone by
-// AcquireAll itself, or, where the backend's Acquire leaves an unknown
-// outcome to expiry, left to lapse unrenewed within ttl, as Acquire's
-// would be (each backend documents which it does). Such a name may read
-// as held until then, and acquiring it again meanwhile is refused with
-// ErrHeld.
-type BatchAcquirer interface {
+// batchAcquirer is backendkit.BatchAcquirer, which documents it for
+// backends: SessionSet.AcquireAll uses it when its lease has it.
+type batchAcquirer interface {
 	AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []Grant, errs []error, err error)
-}
-
-// MaxAcquireAll is the largest number of names in one AcquireAll. It keeps
-// one call's request bounded (PostgreSQL: one parameter of at most
-// MaxAcquireAll * MaxNameLen bytes of names, about 200 kB; etcd: at most 8
-// transactions of 128 puts) and its answer quick enough for the TTLs a
-// holder uses: a holder with more names calls it once per
-// MaxAcquireAll of them.
-const MaxAcquireAll = 1000
-
-// CheckAcquireAll validates the arguments of BatchAcquirer.AcquireAll: 1
-// to MaxAcquireAll distinct names, each valid as Acquire's name (the field
-// of an error is "names[i]"), holder and ttl as for Acquire, and ctx not
-// done.
-func CheckAcquireAll(ctx context.Context, names []string, holder string, ttl, minTTL time.Duration) error {
-	const op = "acquire all"
-	if len(names) == 0 || len(names) > MaxAcquireAll {
-		return &ArgError{Op: op, Field: "names", Value: fmt.Sprint(len(names)),
-			Reason: fmt.Sprintf("must hold 1 to %d names", MaxAcquireAll)}
-	}
-	seen := make(map[string]int, len(names))
-	for i, n := range names {
-		field := fmt.Sprintf("names[%d]", i)
-		if err := CheckName(op, field, n); err != nil {
-			return err
-		}
-		if j, dup := seen[n]; dup {
-			return &ArgError{Op: op, Field: field, Value: Quote(n), Reason: fmt.Sprintf("repeats names[%d]", j)}
-		}
-		seen[n] = i
-	}
-	if err := CheckName(op, "holder", holder); err != nil {
-		return err
-	}
-	if err := CheckTTL(op, ttl, minTTL); err != nil {
-		return err
-	}
-	return CheckContext(op, ctx)
 }

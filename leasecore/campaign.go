@@ -30,7 +30,7 @@ import (
 // and not at all while another instance holds the lease, calls Run).
 //
 // While another holder has the lease (ErrHeld), Campaign waits with the
-// Lease's Waiter when it has one, else polls (WithPollInterval). Errors that
+// Lease's WaitFree when it has one, else polls (WithPollInterval). Errors that
 // may pass (ErrUnavailable, ErrLost, ErrLocalDeadline, an acquire that took
 // longer than ttl - margin) are retried after an exponential backoff with
 // jitter (WithBackoff). Any other error cannot heal by retrying: Campaign
@@ -71,7 +71,7 @@ func WithSessionOptions(opts ...SessionOption) CampaignOption {
 }
 
 // WithPollInterval sets how often a campaign retries Acquire while another
-// holder has the lease and the Lease is no Waiter (default TTL/8: about the
+// holder has the lease and the Lease has no WaitFree (default TTL/8: about the
 // 2 s client-go retries with its default 15 s lease). Each pause is random,
 // between half of d and d.
 func WithPollInterval(d time.Duration) CampaignOption {
@@ -319,7 +319,7 @@ func (c *campaign) observeHolder(ctx context.Context) {
 // waitFree waits until the lease may be free: with the Lease's Waiter,
 // bounded by one TTL, or by one poll. It returns false when ctx ended.
 func (c *campaign) waitFree(ctx context.Context) bool {
-	if w, ok := c.lease.(Waiter); ok {
+	if w, ok := c.lease.(freeWaiter); ok {
 		wctx, cancel := withClockTimeout(ctx, c.sess.clock, c.sess.ttl, errWaitCap)
 		err := w.WaitFree(wctx, c.name)
 		capped := errors.Is(context.Cause(wctx), errWaitCap)

@@ -7,8 +7,9 @@ import (
 
 // Clock is the local clock a Session uses for its deadline and its renewal
 // timer. Tests inject a fake one to skew or freeze time; everything else
-// uses SystemClock. Times returned by Now must carry a monotonic reading
-// (as time.Now's do) when the clock can jump.
+// uses the process's clock (time.Now and time.NewTimer). Times returned by
+// Now must carry a monotonic reading (as time.Now's do) when the clock can
+// jump.
 type Clock interface {
 	Now() time.Time
 	NewTimer(d time.Duration) Timer
@@ -20,9 +21,8 @@ type Timer interface {
 	Stop() bool
 }
 
-// SystemClock is the process's own clock: time.Now and time.NewTimer.
-var SystemClock Clock = systemClock{}
-
+// systemClock is the process's own clock: time.Now and time.NewTimer. It is
+// the default of every option that takes a Clock.
 type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
@@ -36,7 +36,7 @@ func (t systemTimer) Stop() bool          { return t.t.Stop() }
 
 // withClockTimeout returns a copy of parent that is also cancelled, with
 // cause, once d has passed on clock. The returned cancel function stops the
-// timer and must be called. On SystemClock it is context.WithTimeoutCause;
+// timer and must be called. On systemClock it is context.WithTimeoutCause;
 // on any other clock one goroutine waits for the timer until cancel.
 func withClockTimeout(parent context.Context, clock Clock, d time.Duration, cause error) (context.Context, context.CancelFunc) {
 	if _, ok := clock.(systemClock); ok {

@@ -51,11 +51,15 @@
 // that ends with the session, and releases when the function returns.
 //
 // A replica that should lead continuously calls Campaign instead: it waits
-// for the lease (through the Lease's Waiter when it has one, else by
+// for the lease (through the Lease's WaitFree when it has one, else by
 // polling), runs the caller's function with the grant and a context that
 // ends when the lease can no longer be trusted (Session.Context), and
 // campaigns again after a loss.
 //
 // Errors wrap the sentinels below and are matched with errors.Is; callers
 // may wrap them further.
+//
+// Backend authors find the input validators, limits, optional interfaces
+// and other tools a Lease or FencedResource implementation needs in package
+// github.com/leasefence/leasefence/leasecore/backendkit.
 package leasecore

@@ -145,15 +145,3 @@ func (e *TokenSpaceError) Error() string {
 
 // Unwrap returns ErrTokenSpace and ErrConfig.
 func (e *TokenSpaceError) Unwrap() []error { return []error{ErrTokenSpace, ErrConfig} }
-
-// TokenSpaceMismatch is the diagnosis a fence makes after it rejected c:
-// given the scope's floor and the token space stored with it, it returns a
-// *TokenSpaceError when both spaces are known and differ and the floor is
-// above c.Token, else nil (an ordinary rejection, or nothing to say).
-// Backends call it on the rejection path only.
-func TokenSpaceMismatch(op string, c Claim, floor Token, floorSpace string) error {
-	if c.Space == "" || floorSpace == "" || c.Space == floorSpace || floor <= c.Token {
-		return nil
-	}
-	return &TokenSpaceError{Op: op, Scope: c.Scope, Token: c.Token, Space: c.Space, Floor: floor, FloorSpace: floorSpace}
-}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"strings"
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
@@ -90,29 +89,6 @@ func Example() {
 	// holder-b writes summary: accepted=true floor=2
 	// stale holder-a writes detail: accepted=false floor=2
 	// summary: "report by b" (token 2)
-}
-
-// Bad input is rejected before anything is sent, with an error that names
-// the field and wraps ErrInvalidArgument.
-func ExampleCheckWrite() {
-	err := leasecore.CheckWrite(context.Background(), leasecore.Write{
-		Scope: "daily-report", Part: "summary", Content: "x", Writer: "holder-a", Token: 0,
-	})
-	var ae *leasecore.ArgError
-	if errors.As(err, &ae) {
-		fmt.Println("field:", ae.Field)
-	}
-	fmt.Println(errors.Is(err, leasecore.ErrInvalidArgument))
-	fmt.Println(err)
-
-	err = leasecore.CheckName("acquire", "holder", " holder-a"+strings.Repeat("x", 50))
-	fmt.Println(err)
-
-	// Output:
-	// field: token
-	// true
-	// leasecore: write: invalid token 0: must be positive (0 is never issued)
-	// leasecore: acquire: invalid holder " holder-axxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"...: must not begin or end with whitespace
 }
 
 // A leader job run by two instances: each campaigns for the same lease and

@@ -1,7 +1,6 @@
 package leasecore
 
 import (
-	"context"
 	"fmt"
 	"time"
 )
@@ -26,33 +25,10 @@ type Claim struct {
 	Space string
 }
 
-// ClaimOf returns the claim a Write makes.
-func ClaimOf(w Write) Claim {
-	return Claim{Scope: w.Scope, Writer: w.Writer, Token: w.Token, Space: w.Space}
-}
-
 // Claim returns the claim to write in scope under g: its token and token
 // space, with g's holder as the writer.
 func (g Grant) Claim(scope string) Claim {
 	return Claim{Scope: scope, Writer: g.Holder, Token: g.Token, Space: g.Space}
-}
-
-// CheckClaim validates a claim: scope and writer as names, a non-zero
-// token, a valid space (CheckSpace), and a live context.
-func CheckClaim(ctx context.Context, op string, c Claim) error {
-	if err := CheckName(op, "scope", c.Scope); err != nil {
-		return err
-	}
-	if err := CheckName(op, "writer", c.Writer); err != nil {
-		return err
-	}
-	if err := CheckToken(op, c.Token); err != nil {
-		return err
-	}
-	if err := CheckSpace(op, c.Space); err != nil {
-		return err
-	}
-	return CheckContext(op, ctx)
 }
 
 // AttemptLog says which fence checks a backend records in its attempt log.
@@ -85,52 +61,10 @@ func (m AttemptLog) String() string {
 	return fmt.Sprintf("AttemptLog(%d)", int(m))
 }
 
-// CheckAttemptLog validates an attempt log mode.
-func CheckAttemptLog(op string, m AttemptLog) error {
-	switch m {
-	case LogRejected, LogAll, LogNone:
-		return nil
-	}
-	return &ArgError{Op: op, Field: "attempt log", Value: m.String(),
-		Reason: "must be LogRejected, LogAll or LogNone"}
-}
-
-// MaxAttemptsRead is the largest Limit of one AttemptQuery.
-const MaxAttemptsRead = 10000
-
 // AttemptQuery selects entries of a scope's attempt log: those at or after
 // Since (the zero time: from the beginning), oldest first, at most Limit.
 type AttemptQuery struct {
 	Scope string
 	Since time.Time
-	Limit int // 1 to MaxAttemptsRead
-}
-
-// CheckAttemptQuery validates an attempt-log read.
-func CheckAttemptQuery(ctx context.Context, op string, q AttemptQuery) error {
-	if err := CheckName(op, "scope", q.Scope); err != nil {
-		return err
-	}
-	if q.Limit < 1 || q.Limit > MaxAttemptsRead {
-		return &ArgError{Op: op, Field: "limit", Value: fmt.Sprint(q.Limit),
-			Reason: fmt.Sprintf("must be 1 to %d", MaxAttemptsRead)}
-	}
-	return CheckContext(op, ctx)
-}
-
-// CheckPrune validates a prune of scope's attempt log: a valid scope name
-// and a set bound that is not in the future (pruning entries not yet
-// written would be a unit mistake), and a live context.
-func CheckPrune(ctx context.Context, op, scope string, before time.Time) error {
-	if err := CheckName(op, "scope", scope); err != nil {
-		return err
-	}
-	if before.IsZero() {
-		return &ArgError{Op: op, Field: "before", Reason: "must be set"}
-	}
-	if before.After(time.Now()) {
-		return &ArgError{Op: op, Field: "before", Value: before.Format(time.RFC3339Nano),
-			Reason: "is in the future"}
-	}
-	return CheckContext(op, ctx)
+	Limit int // 1 to 10000 (backendkit.MaxAttemptsRead)
 }

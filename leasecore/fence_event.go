@@ -2,7 +2,7 @@ package leasecore
 
 // FenceEvent reports the outcome of one fenced write — one check of a
 // claim against its scope's floor — to a fence observer (fencepg's and
-// fenceetcd's WithFenceObserver; FenceLogger makes one that logs).
+// fenceetcd's WithFenceObserver; their WithLogger options log them).
 //
 // A fence reports every call that returns a Result: accepted (Result.Floor
 // is the claim's token) or rejected (Result.Floor is the larger floor that

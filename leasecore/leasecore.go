@@ -11,12 +11,6 @@ import (
 // tokens from 1 upwards and never reuses one (I2).
 type Token uint64
 
-// MaxToken is the largest token any backend issues or accepts. Tokens live
-// in signed 64-bit columns (PostgreSQL bigint, etcd revisions), whose
-// largest value, SealedFloor, is reserved for the floor of a sealed scope:
-// MaxToken is one less, so that every claim is below a sealed floor.
-const MaxToken Token = SealedFloor - 1
-
 // SealedFloor is the floor of a scope sealed at a location it moved away
 // from (see ScopeSeal): the largest value a floor can hold, above every
 // token. A fence compares every claim with the floor as it always does, so
@@ -70,8 +64,8 @@ func (g Grant) LocalDeadline(margin time.Duration) time.Time {
 //
 // Implementations must keep I1 and I2 (see the package doc). Expiry is
 // decided by the backend's clock only. All methods validate their input
-// first (see CheckAcquire, CheckGrant) and, on bad input or a context that
-// is already done, return an error and change nothing.
+// first (backendkit.CheckAcquire, backendkit.CheckGrant) and, on bad input
+// or a context that is already done, return an error and change nothing.
 type Lease interface {
 	// Acquire takes the lease name for holder for ttl. It succeeds when the
 	// lease is free, expired or released, and then returns a token strictly
@@ -190,17 +184,4 @@ type Attempt struct {
 	Accepted            bool
 	Floor               Token // the scope's floor after the attempt
 	At                  time.Time
-}
-
-// ResourceReader is an optional interface that may be implemented by a
-// FencedResource. It reads what the resource holds, without changing it.
-type ResourceReader interface {
-	// Floor returns the largest token accepted for scope, or 0 when the
-	// scope never accepted a write.
-	Floor(ctx context.Context, scope string) (Token, error)
-	// ReadPart returns the current content of a part; ok is false when
-	// the part was never written.
-	ReadPart(ctx context.Context, scope, part string) (p StoredPart, ok bool, err error)
-	// Attempts returns the write log of scope, oldest first.
-	Attempts(ctx context.Context, scope string) ([]Attempt, error)
 }

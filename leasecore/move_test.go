@@ -1,30 +1,11 @@
 package leasecore_test
 
 import (
-	"context"
 	"errors"
-	"strings"
 	"testing"
 
 	"github.com/leasefence/leasefence/leasecore"
 )
-
-// TestSealedFloorAboveEveryToken: the sealed floor is one above MaxToken, so
-// the comparison every fence makes (token >= floor) rejects every valid
-// claim at a sealed scope, and no valid claim can carry the sealed floor.
-func TestSealedFloorAboveEveryToken(t *testing.T) {
-	if leasecore.SealedFloor != leasecore.MaxToken+1 {
-		t.Fatalf("SealedFloor = %d, MaxToken = %d: want SealedFloor = MaxToken + 1", leasecore.SealedFloor, leasecore.MaxToken)
-	}
-	if uint64(leasecore.SealedFloor) != 1<<63-1 {
-		t.Fatalf("SealedFloor = %d, want the largest signed 64-bit value (floors live in bigint columns)", leasecore.SealedFloor)
-	}
-	err := leasecore.CheckClaim(context.Background(), "check", leasecore.Claim{Scope: "s", Writer: "w", Token: leasecore.SealedFloor})
-	wantArgError(t, err, "check", "token")
-	if !strings.Contains(err.Error(), "sealed scope") {
-		t.Errorf("message %q does not say why the largest bigint is refused", err)
-	}
-}
 
 // TestScopeMovedError: it wraps ErrScopeMoved (and nothing that invites a
 // retry), and its message names the scope, the token, the destination and
@@ -50,59 +31,5 @@ func TestScopeMovedError(t *testing.T) {
 	var me *leasecore.ScopeMovedError
 	if !errors.As(errors.Join(errors.New("log"), err), &me) || me.To != "db2" {
 		t.Errorf("errors.As through a join: %+v", me)
-	}
-}
-
-// TestCheckSeal: scope and destination are names; a done context fails.
-func TestCheckSeal(t *testing.T) {
-	ctx := context.Background()
-	wantArg(t, "valid", leasecore.CheckSeal(ctx, "seal", "invoices", "db2"), "")
-	wantArg(t, "empty scope", leasecore.CheckSeal(ctx, "seal", "", "db2"), "scope")
-	wantArg(t, "NUL in scope", leasecore.CheckSeal(ctx, "seal", "a\x00b", "db2"), "scope")
-	wantArg(t, "empty destination", leasecore.CheckSeal(ctx, "seal", "invoices", ""), "to")
-	wantArg(t, "destination with spaces around", leasecore.CheckSeal(ctx, "seal", "invoices", " db2"), "to")
-	wantArg(t, "long destination", leasecore.CheckSeal(ctx, "seal", "invoices", strings.Repeat("d", leasecore.MaxNameLen+1)), "to")
-	done, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := leasecore.CheckSeal(done, "seal", "invoices", "db2"); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled context: %v", err)
-	}
-}
-
-// TestCheckScopeSeal: what an install accepts. Floor 0 carries nothing
-// (a scope that never accepted a check at the old location); the sealed
-// floor itself is what a sealed location reads, never what a seal carries.
-func TestCheckScopeSeal(t *testing.T) {
-	ctx := context.Background()
-	ok := leasecore.ScopeSeal{Scope: "invoices", To: "db2", Floor: 7, Space: "postgres:x"}
-	for _, tc := range []struct {
-		what  string
-		edit  func(*leasecore.ScopeSeal)
-		field string
-	}{
-		{"valid", func(*leasecore.ScopeSeal) {}, ""},
-		{"valid without a space", func(s *leasecore.ScopeSeal) { s.Space = "" }, ""},
-		{"valid floor 0", func(s *leasecore.ScopeSeal) { s.Floor, s.Space = 0, "" }, ""},
-		{"valid MaxToken", func(s *leasecore.ScopeSeal) { s.Floor = leasecore.MaxToken }, ""},
-		{"empty scope", func(s *leasecore.ScopeSeal) { s.Scope = "" }, "scope"},
-		{"control character in scope", func(s *leasecore.ScopeSeal) { s.Scope = "a\nb" }, "scope"},
-		{"empty destination", func(s *leasecore.ScopeSeal) { s.To = "" }, "to"},
-		{"sealed floor", func(s *leasecore.ScopeSeal) { s.Floor = leasecore.SealedFloor }, "floor"},
-		{"floor above every bigint", func(s *leasecore.ScopeSeal) { s.Floor = leasecore.SealedFloor + 1 }, "floor"},
-		{"space without a floor", func(s *leasecore.ScopeSeal) { s.Floor = 0 }, "space"},
-		{"space with NUL", func(s *leasecore.ScopeSeal) { s.Space = "etcd:\x00" }, "space"},
-	} {
-		s := ok
-		tc.edit(&s)
-		wantArg(t, tc.what, leasecore.CheckScopeSeal(ctx, "install", s), tc.field)
-	}
-	err := leasecore.CheckScopeSeal(ctx, "install", leasecore.ScopeSeal{Scope: "s", To: "d", Floor: leasecore.SealedFloor})
-	if err == nil || !strings.Contains(err.Error(), "floor") || !strings.Contains(err.Error(), "9223372036854775807") {
-		t.Errorf("sealed floor: message %v does not name the field and the value", err)
-	}
-	done, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := leasecore.CheckScopeSeal(done, "install", ok); !errors.Is(err, context.Canceled) {
-		t.Errorf("cancelled context: %v", err)
 	}
 }

@@ -16,15 +16,10 @@ type observeConfig struct {
 }
 
 // WithObservePoll sets how often Observe reads the lease while it is free,
-// or while it is held and the lease service is no Waiter (default 1 s).
+// or while it is held and the lease service has no WaitFree (default 1 s).
 // Each pause is random, between half of d and d.
 func WithObservePoll(d time.Duration) ObserveOption {
 	return func(c *observeConfig) { c.poll = d }
-}
-
-// WithObserveClock sets the clock Observe pauses on (tests).
-func WithObserveClock(clock Clock) ObserveOption {
-	return func(c *observeConfig) { c.clock = clock }
 }
 
 // Observe reports the state of lease name to f each time it changes — who
@@ -35,12 +30,12 @@ func WithObserveClock(clock Clock) ObserveOption {
 // such (LeaseState.Held false: no leader), not skipped.
 //
 // Every state is read with insp.Inspect, by the backend's clock. While the
-// lease is held and insp is also a Waiter (fencepg and fenceetcd lease
-// stores are), Observe waits with WaitFree, so a release or an expiry is
-// seen at once; otherwise it reads again after the poll interval
-// (WithObservePoll). A new holder taking a free lease is seen at the next
-// poll. What f is told is stale when it arrives: nothing should decide to
-// write from it (the fencing token does that).
+// lease is held and insp is also a backendkit.Waiter (fencepg and
+// fenceetcd lease stores are), Observe waits with WaitFree, so a release or
+// an expiry is seen at once; otherwise it reads again after the poll
+// interval (WithObservePoll). A new holder taking a free lease is seen at
+// the next poll. What f is told is stale when it arrives: nothing should
+// decide to write from it (the fencing token does that).
 //
 // f runs on the caller's goroutine, one call at a time; nothing Observe
 // starts outlives it. It returns ctx's cause when ctx ends, and the error of
@@ -48,7 +43,7 @@ func WithObserveClock(clock Clock) ObserveOption {
 // that fail with ErrUnavailable are retried after the poll interval.
 func Observe(ctx context.Context, insp LeaseInspector, name string, f func(LeaseState), opts ...ObserveOption) error {
 	const op = "observe"
-	if err := CheckInspect(ctx, name); err != nil {
+	if err := checkInspect(ctx, name); err != nil {
 		return err
 	}
 	if insp == nil {
@@ -57,17 +52,14 @@ func Observe(ctx context.Context, insp LeaseInspector, name string, f func(Lease
 	if f == nil {
 		return &ArgError{Op: op, Field: "f", Reason: "must not be nil"}
 	}
-	c := observeConfig{poll: time.Second, clock: SystemClock}
+	c := observeConfig{poll: time.Second, clock: systemClock{}}
 	for _, o := range opts {
 		o(&c)
 	}
 	if c.poll <= 0 {
 		return &ArgError{Op: op, Field: "poll", Value: c.poll.String(), Reason: "must be positive"}
 	}
-	if c.clock == nil {
-		return &ArgError{Op: op, Field: "clock", Reason: "must not be nil"}
-	}
-	waiter, _ := insp.(Waiter)
+	waiter, _ := insp.(freeWaiter)
 	var last LeaseState
 	first := true
 	for {

@@ -1,10 +1,6 @@
 package leasecore
 
-import (
-	"context"
-	"fmt"
-	"time"
-)
+import "time"
 
 // OutboxEntry is one side effect recorded in a fenced outbox (fencepg.Outbox,
 // fenceetcd.Outbox): written in the same atomic operation as the data it
@@ -47,33 +43,4 @@ type OutboxEntry struct {
 	// At is when the entry was written: the database's clock on
 	// PostgreSQL, the writer's on etcd.
 	At time.Time
-}
-
-// MaxPayloadLen is the largest payload of one outbox entry, in bytes: the
-// largest content of a write (MaxContentLen), so an entry fits in one etcd
-// request next to its data.
-const MaxPayloadLen = MaxContentLen
-
-// CheckOutboxEntry validates what a writer puts into a fenced outbox (op
-// names the caller): the claim (CheckClaim, which also checks ctx), the
-// topic as a name (CheckName), and a payload of at most MaxPayloadLen bytes
-// (any bytes; empty is allowed).
-func CheckOutboxEntry(ctx context.Context, op string, c Claim, topic string, payload []byte) error {
-	if err := CheckName(op, "topic", topic); err != nil {
-		return err
-	}
-	if len(payload) > MaxPayloadLen {
-		return &ArgError{Op: op, Field: "payload", Value: fmt.Sprintf("%d bytes", len(payload)),
-			Reason: fmt.Sprintf("is larger than %d bytes", MaxPayloadLen)}
-	}
-	return CheckClaim(ctx, op, c)
-}
-
-// CheckRelay validates the arguments of an outbox relay: a deliver function
-// and a live context.
-func CheckRelay(ctx context.Context, op string, deliver func(context.Context, OutboxEntry) error) error {
-	if deliver == nil {
-		return &ArgError{Op: op, Field: "deliver", Reason: "must not be nil"}
-	}
-	return CheckContext(op, ctx)
 }

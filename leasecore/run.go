@@ -64,10 +64,10 @@ func Run(ctx context.Context, lease Lease, name, holder string,
 	if err != nil {
 		return err
 	}
-	if err := CheckName(op, "name", name); err != nil {
+	if err := checkName(op, "name", name); err != nil {
 		return err
 	}
-	if err := CheckName(op, "holder", holder); err != nil {
+	if err := checkName(op, "holder", holder); err != nil {
 		return err
 	}
 	if job == nil {

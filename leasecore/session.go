@@ -81,10 +81,10 @@ type sessionConfig struct {
 	observe                func(SessionEvent)
 }
 
-// DefaultSessionTTL is the TTL of a Session without WithTTL.
-const DefaultSessionTTL = 15 * time.Second
+// defaultSessionTTL is the TTL of a Session without WithTTL.
+const defaultSessionTTL = 15 * time.Second
 
-// WithTTL sets the lease TTL (default DefaultSessionTTL).
+// WithTTL sets the lease TTL (default 15 s).
 func WithTTL(ttl time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.ttl = ttl }
 }
@@ -112,7 +112,7 @@ func WithRenewTimeout(d time.Duration) SessionOption {
 	return func(c *sessionConfig) { c.renewTimeout, c.renewTimeoutSet = d, true }
 }
 
-// WithClock sets the local clock (default SystemClock).
+// WithClock sets the local clock (default: the process's clock).
 func WithClock(clock Clock) SessionOption {
 	return func(c *sessionConfig) { c.clock = clock }
 }
@@ -127,7 +127,7 @@ func WithRenewObserver(f func(RenewEvent)) SessionOption {
 // newSessionConfig applies opts over the defaults and validates the result
 // for op.
 func newSessionConfig(op string, lease Lease, opts []SessionOption) (sessionConfig, error) {
-	cfg := sessionConfig{ttl: DefaultSessionTTL, clock: SystemClock}
+	cfg := sessionConfig{ttl: defaultSessionTTL, clock: systemClock{}}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -153,7 +153,7 @@ func (c *sessionConfig) check(op string, lease Lease) error {
 	case c.clock == nil:
 		return &ArgError{Op: op, Field: "clock", Reason: "must not be nil"}
 	}
-	if err := CheckTTL(op, c.ttl, 0); err != nil {
+	if err := checkTTL(op, c.ttl, 0); err != nil {
 		return err
 	}
 	switch {

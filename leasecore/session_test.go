@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -801,7 +802,7 @@ func TestNewSessionRejectsBadOptions(t *testing.T) {
 		{name: "nil clock", opts: []leasecore.SessionOption{leasecore.WithClock(nil)}, op: "new session", field: "clock"},
 		{name: "zero ttl", opts: []leasecore.SessionOption{leasecore.WithTTL(0)}, op: "new session", field: "ttl"},
 		{name: "negative ttl", opts: []leasecore.SessionOption{leasecore.WithTTL(-time.Second)}, op: "new session", field: "ttl"},
-		{name: "ttl above MaxTTL", opts: []leasecore.SessionOption{leasecore.WithTTL(leasecore.MaxTTL + 1)}, op: "new session", field: "ttl"},
+		{name: "ttl above MaxTTL", opts: []leasecore.SessionOption{leasecore.WithTTL(backendkit.MaxTTL + 1)}, op: "new session", field: "ttl"},
 		{name: "negative margin", opts: []leasecore.SessionOption{leasecore.WithMargin(-1)}, op: "new session", field: "margin"},
 		{name: "margin equals ttl", opts: []leasecore.SessionOption{leasecore.WithMargin(testTTL)}, op: "new session", field: "margin"},
 		{name: "margin above ttl", opts: []leasecore.SessionOption{leasecore.WithMargin(2 * testTTL)}, op: "new session", field: "margin"},
@@ -886,16 +887,17 @@ func TestNewSessionDefaults(t *testing.T) {
 	}
 	defer s.Close(context.Background())
 	g := s.Grant()
-	if g.TTL != leasecore.DefaultSessionTTL {
-		t.Errorf("TTL = %v, want %v", g.TTL, leasecore.DefaultSessionTTL)
+	const defaultTTL = 15 * time.Second // as WithTTL says
+	if g.TTL != defaultTTL {
+		t.Errorf("TTL = %v, want %v", g.TTL, defaultTTL)
 	}
 	// Default margin: TTL/5.
-	if want := epoch.Add(leasecore.DefaultSessionTTL * 4 / 5); !s.Deadline().Equal(want) {
+	if want := epoch.Add(defaultTTL * 4 / 5); !s.Deadline().Equal(want) {
 		t.Errorf("Deadline() = %v, want %v", s.Deadline(), want)
 	}
 	// Default interval: TTL/4. Nothing renews 1 ns before it.
 	f.local.WaitTimers(t, 2)
-	f.local.Advance(leasecore.DefaultSessionTTL/4 - 1)
+	f.local.Advance(defaultTTL/4 - 1)
 	if n := f.spy.renews.Load(); n != 0 {
 		t.Errorf("renewed after %v", f.local.Since())
 	}
@@ -989,9 +991,9 @@ func TestNewSessionAcquireSlowerThanLocalWindow(t *testing.T) {
 	})
 }
 
-// One smoke test on the real clock: background renewal works with
-// SystemClock. The window (2 s) is far longer than the interval (20 ms), so
-// a slow machine does not make it flaky.
+// One smoke test on the real clock: background renewal works with the
+// process's clock. The window (2 s) is far longer than the interval (20
+// ms), so a slow machine does not make it flaky.
 func TestSessionSystemClock(t *testing.T) {
 	baseline := runtime.NumGoroutine()
 	leases := memfence.NewLeases(nil)

@@ -22,7 +22,7 @@ import (
 // back. Close must be called.
 type SessionSet struct {
 	lease   Lease
-	renewer BatchRenewer
+	renewer batchRenewer
 	holder  string
 	cfg     sessionConfig
 
@@ -54,7 +54,8 @@ type LostName struct {
 }
 
 // NewSessionSet returns an empty set for holder on lease, which must also
-// implement BatchRenewer. The options are Session's: WithTTL,
+// renew many leases at once (backendkit.BatchRenewer: fencepg and fenceetcd
+// lease stores do). The options are Session's: WithTTL,
 // WithRenewInterval, WithMargin, WithRenewTimeout and WithClock apply to
 // every name; a set reports to no observer (WithRenewObserver,
 // WithSessionObserver and WithLogger are ignored): Lost reports its losses.
@@ -63,12 +64,12 @@ func NewSessionSet(lease Lease, holder string, opts ...SessionOption) (*SessionS
 	if err != nil {
 		return nil, err
 	}
-	renewer, ok := lease.(BatchRenewer)
+	renewer, ok := lease.(batchRenewer)
 	if !ok {
 		return nil, &ArgError{Op: "new session set", Field: "lease", Value: fmt.Sprintf("%T", lease),
-			Reason: "does not implement leasecore.BatchRenewer"}
+			Reason: "does not implement backendkit.BatchRenewer (RenewAll)"}
 	}
-	if err := CheckName("new session set", "holder", holder); err != nil {
+	if err := checkName("new session set", "holder", holder); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -116,15 +117,17 @@ func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 //
 // The call sequence:
 //
-//  1. The names are validated (CheckAcquireAll with the set's holder and
-//     TTL): bad input, or ctx done, is err and nothing is sent. After
-//     Close, err wraps ErrClosed.
+//  1. The names are validated (backendkit.CheckAcquireAll with the set's
+//     holder and TTL: 1 to 1000 distinct names, backendkit.MaxAcquireAll):
+//     bad input, or ctx done, is err and nothing is sent. After Close, err
+//     wraps ErrClosed.
 //  2. A name the set holds already keeps its grant: tokens[i] is its
 //     token, with no request.
 //  3. The others are acquired. When the set's lease implements
-//     BatchAcquirer, with ONE AcquireAll for all of them, the set's clock
-//     read once before it; an err of that call is AcquireAll's err (the
-//     backend gave back or undid whatever it granted, see BatchAcquirer).
+//     backendkit.BatchAcquirer, with ONE AcquireAll for all of them, the
+//     set's clock read once before it; an err of that call is AcquireAll's
+//     err (the backend gave back or undid whatever it granted, see
+//     backendkit.BatchAcquirer).
 //     Otherwise with one Lease.Acquire per name, in order, the clock read
 //     before each; an error of one is that name's errs[i] and the others
 //     go on (after ctx ends, each fails at once with ctx's error).
@@ -143,7 +146,7 @@ func (s *SessionSet) Acquire(ctx context.Context, name string) (Token, error) {
 // A refused or failed name leaves the set as it was; the names granted
 // are the set's even when others failed.
 func (s *SessionSet) AcquireAll(ctx context.Context, names []string) (tokens []Token, errs []error, err error) {
-	if err := CheckAcquireAll(ctx, names, s.holder, s.cfg.ttl, 0); err != nil {
+	if err := checkAcquireAll(ctx, names, s.holder, s.cfg.ttl, 0); err != nil {
 		return nil, nil, err
 	}
 	tokens, errs = make([]Token, len(names)), make([]error, len(names))
@@ -171,7 +174,7 @@ func (s *SessionSet) AcquireAll(ctx context.Context, names []string) (tokens []T
 		}
 	}()
 
-	batch, ok := s.lease.(BatchAcquirer)
+	batch, ok := s.lease.(batchAcquirer)
 	if !ok {
 		for _, i := range todo {
 			start, realStart := s.cfg.clock.Now(), time.Now() // before the request

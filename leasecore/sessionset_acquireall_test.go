@@ -6,16 +6,16 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// batchSpy is spyLease with a leasecore.BatchAcquirer: AcquireAll acquires
+// batchSpy is spyLease with a backendkit.BatchAcquirer: AcquireAll acquires
 // each name from the in-memory service, recording the names of every call.
 type batchSpy struct {
 	*spyLease
@@ -30,14 +30,14 @@ type batchSpy struct {
 	calls [][]string
 }
 
-var _ leasecore.BatchAcquirer = (*batchSpy)(nil)
+var _ backendkit.BatchAcquirer = (*batchSpy)(nil)
 
 func (b *batchSpy) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) ([]leasecore.Grant, []error, error) {
 	b.acquireAlls.Add(1)
 	b.mu.Lock()
 	b.calls = append(b.calls, slices.Clone(names))
 	b.mu.Unlock()
-	if err := leasecore.CheckAcquireAll(ctx, names, holder, ttl, time.Millisecond); err != nil {
+	if err := backendkit.CheckAcquireAll(ctx, names, holder, ttl, time.Millisecond); err != nil {
 		return nil, nil, err
 	}
 	if b.beforeAll != nil {
@@ -87,44 +87,6 @@ func shardNames(n int) []string {
 	return names
 }
 
-func TestCheckAcquireAll(t *testing.T) {
-	ctx := context.Background()
-	tooMany := shardNames(leasecore.MaxAcquireAll + 1)
-	for _, tc := range []struct {
-		name, field string
-		names       []string
-		holder      string
-		ttl         time.Duration
-	}{
-		{"no names", "names", nil, "holder-a", time.Second},
-		{"too many names", "names", tooMany, "holder-a", time.Second},
-		{"empty name", "names[1]", []string{"a", ""}, "holder-a", time.Second},
-		{"name with NUL", "names[0]", []string{"a\x00b"}, "holder-a", time.Second},
-		{"name with surrounding space", "names[2]", []string{"a", "b", " c"}, "holder-a", time.Second},
-		{"repeated name", "names[2]", []string{"a", "b", "a"}, "holder-a", time.Second},
-		{"bad holder", "holder", []string{"a"}, "", time.Second},
-		{"ttl below the minimum", "ttl", []string{"a"}, "holder-a", time.Microsecond},
-		{"ttl too long", "ttl", []string{"a"}, "holder-a", leasecore.MaxTTL + 1},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckAcquireAll(ctx, tc.names, tc.holder, tc.ttl, time.Millisecond)
-			wantArgError(t, err, "acquire all", tc.field)
-		})
-	}
-	if err := leasecore.CheckAcquireAll(ctx, shardNames(leasecore.MaxAcquireAll), "holder-a", time.Second, time.Millisecond); err != nil {
-		t.Fatalf("MaxAcquireAll names: %v", err)
-	}
-	err := leasecore.CheckAcquireAll(ctx, []string{"a", "a"}, "holder-a", time.Second, 0)
-	if !strings.Contains(err.Error(), "repeats names[0]") {
-		t.Errorf("repeated name: %q does not say which it repeats", err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	cancel()
-	if err := leasecore.CheckAcquireAll(cctx, []string{"a"}, "holder-a", time.Second, 0); !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled context: %v", err)
-	}
-}
-
 // Bad input is refused before anything is sent, with the field named; the
 // set is unchanged.
 func TestSessionSetAcquireAllBadInput(t *testing.T) {
@@ -136,7 +98,7 @@ func TestSessionSetAcquireAllBadInput(t *testing.T) {
 		names       []string
 	}{
 		{"none", "names", nil},
-		{"too many", "names", shardNames(leasecore.MaxAcquireAll + 1)},
+		{"too many", "names", shardNames(backendkit.MaxAcquireAll + 1)},
 		{"empty name", "names[1]", []string{"shard-0", ""}},
 		{"control character", "names[0]", []string{"shard\n0"}},
 		{"repeated", "names[1]", []string{"shard-0", "shard-0"}},
@@ -265,7 +227,7 @@ func TestSessionSetAcquireAllFallback(t *testing.T) {
 	f := newFixture(false)
 	set := f.newFakeSet(t) // f.spy: no AcquireAll
 	ctx := context.Background()
-	if _, ok := any(f.spy).(leasecore.BatchAcquirer); ok {
+	if _, ok := any(f.spy).(backendkit.BatchAcquirer); ok {
 		t.Fatal("the fixture's spy is a BatchAcquirer")
 	}
 	if _, err := f.leases.Acquire(ctx, "shard-1", "holder-b", 10*testTTL); err != nil {

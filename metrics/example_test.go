@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 	leasefencemetrics "github.com/leasefence/leasefence/metrics"
 )
@@ -38,7 +39,7 @@ func ExampleNew() {
 		if err != nil {
 			panic(err)
 		}
-		m.ObserveFence(leasecore.FenceEvent{Op: "write", Claim: leasecore.ClaimOf(w), Result: r})
+		m.ObserveFence(leasecore.FenceEvent{Op: "write", Claim: backendkit.ClaimOf(w), Result: r})
 	}
 
 	// What a scrape of reg would show (promhttp.HandlerFor(reg, ...)), in

@@ -223,7 +223,7 @@ func (d *deadlines) Collect(ch chan<- prometheus.Metric) {
 	defer d.mu.Unlock()
 	for name, h := range d.held {
 		// time.Until uses the deadline's monotonic reading (sessions on
-		// leasecore.SystemClock), unaffected by wall-clock steps.
+		// the process's clock, leasecore's default), unaffected by wall-clock steps.
 		ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, max(time.Until(h.deadline), 0).Seconds(), name)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 	leasefencemetrics "github.com/leasefence/leasefence/metrics"
 )
@@ -282,7 +283,7 @@ func TestFenceMetrics(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m.ObserveFence(leasecore.FenceEvent{Op: "write", Claim: leasecore.ClaimOf(w), Result: r})
+		m.ObserveFence(leasecore.FenceEvent{Op: "write", Claim: backendkit.ClaimOf(w), Result: r})
 	}
 	write("invoices", 1)
 	write("invoices", 2)
@@ -290,7 +291,7 @@ func TestFenceMetrics(t *testing.T) {
 	write("reports", 5)
 	c := leasecore.Claim{Scope: "reports", Writer: "w", Token: 3, Space: "postgres:a"}
 	m.ObserveFence(leasecore.FenceEvent{Op: "commit", Claim: c, Result: leasecore.Result{Floor: 5},
-		Err: leasecore.TokenSpaceMismatch("commit", c, 5, "etcd:b")})
+		Err: backendkit.TokenSpaceMismatch("commit", c, 5, "etcd:b")})
 
 	want := `
 # HELP leasefence_fenced_writes_total Fenced writes by outcome: "accepted", or "rejected" (the token was below the scope's floor: a stale holder cut off).

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // holderEnv makes a process a holder: it carries the holderSpec as JSON.
@@ -368,7 +369,7 @@ type loggedLease struct {
 	log   *opLog
 }
 
-var _ leasecore.Waiter = (*loggedLease)(nil)
+var _ backendkit.Waiter = (*loggedLease)(nil)
 
 func (l *loggedLease) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	seq := l.log.invoke(event{Kind: KindAcquire})
@@ -403,7 +404,7 @@ func (l *loggedLease) Release(ctx context.Context, g leasecore.Grant) error {
 
 // WaitFree waits with the lease's own Waiter, or tells Campaign to poll.
 func (l *loggedLease) WaitFree(ctx context.Context, name string) error {
-	if w, ok := l.inner.(leasecore.Waiter); ok {
+	if w, ok := l.inner.(backendkit.Waiter); ok {
 		return w.WaitFree(ctx, name)
 	}
 	return errors.ErrUnsupported

@@ -14,6 +14,7 @@ import (
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The lease and the user data live in two databases of one cluster, as the
@@ -451,7 +452,7 @@ type naiveLease struct{ pool *pgxpool.Pool }
 var _ leasecore.Lease = (*naiveLease)(nil)
 
 func (l *naiveLease) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, time.Millisecond); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, time.Millisecond); err != nil {
 		return leasecore.Grant{}, err
 	}
 	start := time.Now()

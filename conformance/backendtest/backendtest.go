@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Write writes and fails the test on an error (a rejection is not one).
@@ -32,7 +33,7 @@ func WantResult(tb testing.TB, what string, got leasecore.Result, accepted bool,
 }
 
 // WantPart checks the stored part; content "" means it must be absent.
-func WantPart(tb testing.TB, r leasecore.ResourceReader, scope, part, content, writer string, token leasecore.Token) {
+func WantPart(tb testing.TB, r backendkit.ResourceReader, scope, part, content, writer string, token leasecore.Token) {
 	tb.Helper()
 	p, ok, err := r.ReadPart(context.Background(), scope, part)
 	if err != nil {
@@ -51,7 +52,7 @@ func WantPart(tb testing.TB, r leasecore.ResourceReader, scope, part, content, w
 }
 
 // WantFloor checks a scope's floor.
-func WantFloor(tb testing.TB, r leasecore.ResourceReader, scope string, want leasecore.Token) {
+func WantFloor(tb testing.TB, r backendkit.ResourceReader, scope string, want leasecore.Token) {
 	tb.Helper()
 	got, err := r.Floor(context.Background(), scope)
 	if err != nil {

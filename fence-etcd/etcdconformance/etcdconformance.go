@@ -46,6 +46,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Config says where etcd is and which optional abilities the harness has.
@@ -94,7 +95,7 @@ func New(cfg Config) conformance.NewHarness {
 		if err := checkReplicaMembers(cfg.ReplicaMembers); err != nil { // replicas.go
 			return nil, err
 		}
-		if err := leasecore.CheckContext("new harness", ctx); err != nil {
+		if err := backendkit.CheckContext("new harness", ctx); err != nil {
 			return nil, err
 		}
 		return &harness{cfg: cfg, prefix: NewPrefix()}, nil

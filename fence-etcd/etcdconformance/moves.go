@@ -12,6 +12,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 var _ conformance.ScopeMoves = (*harness)(nil)
@@ -92,7 +93,7 @@ func (h *harness) MoveScope(ctx context.Context, scope string, mode conformance.
 		return fmt.Errorf("%s: %s: mode %q: want %q or %q: %w", pkg, op, mode, conformance.MoveWithFloor, conformance.MoveDataOnly,
 			leasecore.ErrInvalidArgument)
 	}
-	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+	if err := backendkit.CheckName(op, "scope", scope); err != nil {
 		return err
 	}
 	m, err := h.moveTarget(ctx)

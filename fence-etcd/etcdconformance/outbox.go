@@ -9,6 +9,7 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The suite's fenced outbox (conformance.OutboxResources, F9b) on etcd: the
@@ -68,10 +69,10 @@ func newOutboxResource(cli *clientv3.Client, prefix string, fenced bool) (*outbo
 // control in one Txn with no fence.
 func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	const op = "write"
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	c := leasecore.ClaimOf(w)
+	c := backendkit.ClaimOf(w)
 	report := r.puts(w)[0] // the first user table: ReadPart's
 	if !r.fenced {
 		rec := etcdkv.NewOutboxRecord(c, w.Part)
@@ -93,7 +94,7 @@ func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecor
 // Pending implements conformance.Outbox: fenceetcd.Outbox.Pending, the
 // scope's entries.
 func (r *outboxResource) Pending(ctx context.Context, scope string) ([]leasecore.OutboxEntry, error) {
-	all, err := r.outbox.Pending(ctx, leasecore.MaxAttemptsRead)
+	all, err := r.outbox.Pending(ctx, backendkit.MaxAttemptsRead)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The suite's user data (conformance.UserDataResources) on etcd: two user
@@ -116,7 +117,7 @@ func newUserResource(cli *clientv3.Client, prefix string) (*userResource, error)
 // Write implements leasecore.FencedResource: both user keys and the
 // fence's check in one Fence.Commit. A rejection stores nothing.
 func (u *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	// The Txn is built here and sent at once: InTransaction runs while it
@@ -128,38 +129,38 @@ func (u *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.
 	if err != nil {
 		return leasecore.Result{}, err
 	}
-	res, _, err := u.fence.Commit(ctx, leasecore.ClaimOf(w), fenceetcd.Txn{Then: ops})
+	res, _, err := u.fence.Commit(ctx, backendkit.ClaimOf(w), fenceetcd.Txn{Then: ops})
 	return res, err
 }
 
 // Advance implements conformance.Advancer with the fence's Advance.
 func (u *userResource) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
-	if err := leasecore.CheckClaim(ctx, "advance", c); err != nil {
+	if err := backendkit.CheckClaim(ctx, "advance", c); err != nil {
 		return leasecore.Result{}, err
 	}
 	return u.fence.Advance(ctx, c)
 }
 
-// Floor implements leasecore.ResourceReader: the fence's floor.
+// Floor implements backendkit.ResourceReader: the fence's floor.
 func (u *userResource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return u.fence.Floor(ctx, scope)
 }
 
-// Attempts implements leasecore.ResourceReader: the fence's attempt log,
+// Attempts implements backendkit.ResourceReader: the fence's attempt log,
 // read with Fence.Attempts, every entry. A log longer than one read
-// (leasecore.MaxAttemptsRead) is an error rather than a truncated answer:
+// (backendkit.MaxAttemptsRead) is an error rather than a truncated answer:
 // no case writes that many.
 func (u *userResource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	if err := etcdkv.CheckRead(ctx, "attempts", scope); err != nil {
 		return nil, err
 	}
-	as, err := u.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: scope, Limit: leasecore.MaxAttemptsRead})
+	as, err := u.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: scope, Limit: backendkit.MaxAttemptsRead})
 	if err != nil {
 		return nil, err
 	}
-	if len(as) == leasecore.MaxAttemptsRead {
+	if len(as) == backendkit.MaxAttemptsRead {
 		return nil, fmt.Errorf("%s: attempts: the log of scope %q holds %d entries or more, more than this reader returns",
-			pkg, scope, leasecore.MaxAttemptsRead)
+			pkg, scope, backendkit.MaxAttemptsRead)
 	}
 	return as, nil
 }
@@ -194,7 +195,7 @@ func (m *markerFirst) Prepare(ctx context.Context, w leasecore.Write) (leasecore
 // (Floor 0 in the result), like the unfenced control.
 func (m *markerFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
 	const op = "write"
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	if _, err := m.kv.Txn(ctx).Then(m.puts(w)...).Commit(); err != nil {
@@ -203,13 +204,13 @@ func (m *markerFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.R
 	return leasecore.Result{Accepted: true}, nil
 }
 
-// Floor implements leasecore.ResourceReader: the part store's floor, where
+// Floor implements backendkit.ResourceReader: the part store's floor, where
 // the markers went.
 func (m *markerFirst) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return m.parts.Floor(ctx, scope)
 }
 
-// Attempts implements leasecore.ResourceReader: the part store's attempt
+// Attempts implements backendkit.ResourceReader: the part store's attempt
 // log, the markers'.
 func (m *markerFirst) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	return m.parts.Attempts(ctx, scope)

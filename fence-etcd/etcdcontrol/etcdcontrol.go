@@ -34,6 +34,7 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 const pkg = "etcdcontrol"
@@ -67,7 +68,7 @@ func New(cli *clientv3.Client, opts ...fenceetcd.Option) (*Controls, error) {
 
 // Resource is one negative-control resource. It implements
 // leasecore.FencedResource — WITHOUT keeping I3 — and
-// leasecore.ResourceReader.
+// backendkit.ResourceReader.
 type Resource struct {
 	op        string // names the control in errors, e.g. "unfenced write"
 	write     func(ctx context.Context, w leasecore.Write) (leasecore.Result, error)
@@ -76,8 +77,8 @@ type Resource struct {
 }
 
 var (
-	_ leasecore.FencedResource = (*Resource)(nil)
-	_ leasecore.ResourceReader = (*Resource)(nil)
+	_ leasecore.FencedResource  = (*Resource)(nil)
+	_ backendkit.ResourceReader = (*Resource)(nil)
 )
 
 func (c *Controls) resource(op string, write func(context.Context, leasecore.Write) (leasecore.Result, error)) *Resource {
@@ -89,20 +90,20 @@ func (c *Controls) resource(op string, write func(context.Context, leasecore.Wri
 // scope's floor key after the attempt (0 when it has none), which only
 // CheckThenWrite changes.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	res, err := r.write(ctx, w)
 	return res, etcdkv.MapError(ctx, pkg, r.op, err)
 }
 
-// Floor implements leasecore.ResourceReader: the scope's floor key, 0 when
+// Floor implements backendkit.ResourceReader: the scope's floor key, 0 when
 // it has none.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return r.read.Floor(ctx, scope)
 }
 
-// ReadPart implements leasecore.ResourceReader: the part key, or for the
+// ReadPart implements backendkit.ResourceReader: the part key, or for the
 // IdempotentPublisher the publication key; ok is false when absent.
 func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	if r.published {
@@ -111,7 +112,7 @@ func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.
 	return r.read.ReadPart(ctx, scope, part)
 }
 
-// Attempts implements leasecore.ResourceReader: the scope's attempt log,
+// Attempts implements backendkit.ResourceReader: the scope's attempt log,
 // oldest first, as fenceetcd.Resource reads it.
 func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	return r.read.Attempts(ctx, scope)

@@ -17,6 +17,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdconformance"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 func allNames(prefix string, n int) []string {
@@ -243,7 +244,7 @@ func TestAcquireAllBadInput(t *testing.T) {
 				ttl         time.Duration
 			}{
 				{"no names", "names", nil, "holder-a", time.Minute},
-				{"too many", "names", allNames("n", leasecore.MaxAcquireAll+1), "holder-a", time.Minute},
+				{"too many", "names", allNames("n", backendkit.MaxAcquireAll+1), "holder-a", time.Minute},
 				{"empty name", "names[1]", []string{"a", ""}, "holder-a", time.Minute},
 				{"repeated", "names[1]", []string{"a", "a"}, "holder-a", time.Minute},
 				{"empty holder", "holder", []string{"a"}, "", time.Minute},

@@ -17,12 +17,13 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/etcdcontrol"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // resource is what every fenced or control resource offers.
 type resource interface {
 	leasecore.FencedResource
-	leasecore.ResourceReader
+	backendkit.ResourceReader
 }
 
 type namedResource struct {
@@ -195,7 +196,7 @@ func TestBadInput(t *testing.T) {
 				{"/leasefence/", `must not end with "/"`},
 				{"/", `must not end with "/"`},
 				{"/lease\nfence", "control character"},
-				{"/" + strings.Repeat("p", leasecore.MaxNameLen), "longer than"},
+				{"/" + strings.Repeat("p", backendkit.MaxNameLen), "longer than"},
 			} {
 				wantArg(t, c.name+" prefix "+p.prefix, c.call(cli, fenceetcd.WithPrefix(p.prefix)), "prefix", p.mention)
 			}
@@ -389,7 +390,7 @@ func fenceBadCalls(f *fenceetcd.Fence, prefix string) []conformance.BadCall {
 			return call(ctx)
 		}
 	}
-	long := strings.Repeat("s", leasecore.MaxNameLen+1)
+	long := strings.Repeat("s", backendkit.MaxNameLen+1)
 	claims := []struct {
 		name, mention string
 		c             leasecore.Claim
@@ -400,7 +401,7 @@ func fenceBadCalls(f *fenceetcd.Fence, prefix string) []conformance.BadCall {
 		{"empty writer", "writer", leasecore.Claim{Scope: "daily-report", Token: 1}},
 		{"overlong writer", "writer", leasecore.Claim{Scope: "daily-report", Writer: long, Token: 1}},
 		{"token 0", "token", leasecore.Claim{Scope: "daily-report", Writer: "holder-a"}},
-		{"token above MaxToken", "token", leasecore.Claim{Scope: "daily-report", Writer: "holder-a", Token: leasecore.MaxToken + 1}},
+		{"token above MaxToken", "token", leasecore.Claim{Scope: "daily-report", Writer: "holder-a", Token: backendkit.MaxToken + 1}},
 	}
 	for _, c := range claims {
 		add("advance "+c.name, arg, c.mention, "", func(ctx context.Context) error { _, err := f.Advance(ctx, c.c); return err })
@@ -442,7 +443,7 @@ func fenceBadCalls(f *fenceetcd.Fence, prefix string) []conformance.BadCall {
 	add("attempts limit 0", arg, "limit", "", attempts(leasecore.AttemptQuery{Scope: "daily-report"}))
 	add("attempts limit -1", arg, "limit", "", attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: -1}))
 	add("attempts limit above MaxAttemptsRead", arg, "limit", "",
-		attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: leasecore.MaxAttemptsRead + 1}))
+		attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: backendkit.MaxAttemptsRead + 1}))
 	add("attempts cancelled context", context.Canceled, "context canceled", "",
 		cancelled(attempts(leasecore.AttemptQuery{Scope: "daily-report", Limit: 10})))
 

@@ -16,11 +16,12 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // writeBatch writes a batch whose part p has content "<p> by <writer>",
 // and fails the test on error.
-func writeBatch(t *testing.T, r leasecore.BatchWriter, scope, writer string, token leasecore.Token, parts ...string) leasecore.Result {
+func writeBatch(t *testing.T, r backendkit.BatchWriter, scope, writer string, token leasecore.Token, parts ...string) leasecore.Result {
 	t.Helper()
 	b := leasecore.Batch{Scope: scope, Writer: writer, Token: token}
 	for _, p := range parts {
@@ -109,18 +110,18 @@ func TestWriteBatchKeyLayout(t *testing.T) {
 	}
 }
 
-// TestWriteBatchLimits: 64 parts of 16 KiB (leasecore.MaxContentLen in all)
+// TestWriteBatchLimits: 64 parts of 16 KiB (backendkit.MaxContentLen in all)
 // fit one etcd request; a valid batch that does not fit — maximal content
 // with the longest names, every character escaped — is refused by etcd
 // with ErrInvalidArgument, at once, and writes nothing.
 func TestWriteBatchLimits(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	const partLen = leasecore.MaxContentLen / leasecore.MaxBatchParts // 16 KiB
+	const partLen = backendkit.MaxContentLen / backendkit.MaxBatchParts // 16 KiB
 	content := strings.Repeat("\x01", partLen)
 
 	b := leasecore.Batch{Scope: "big", Writer: "holder-a", Token: 7}
-	for i := range leasecore.MaxBatchParts {
+	for i := range backendkit.MaxBatchParts {
 		b.Parts = append(b.Parts, leasecore.PartContent{Part: fmt.Sprintf("part-%02d", i), Content: content})
 	}
 	res, err := f.res.WriteBatch(ctx, b)
@@ -131,19 +132,19 @@ func TestWriteBatchLimits(t *testing.T) {
 	for _, i := range []int{0, 31, 63} {
 		backendtest.WantPart(t, f.res, "big", fmt.Sprintf("part-%02d", i), content, "holder-a", 7)
 	}
-	if as, err := f.res.Attempts(ctx, "big"); err != nil || len(as) != leasecore.MaxBatchParts {
+	if as, err := f.res.Attempts(ctx, "big"); err != nil || len(as) != backendkit.MaxBatchParts {
 		t.Fatalf("attempts of the 64-part batch: %d, %v", len(as), err)
 	}
 
 	// Names of 200 bytes, each byte escaped as %3C in keys and as \u003c
 	// in JSON: about 1.7 MB in all, above etcd's 1.5 MiB, below the
 	// client's 2 MiB send limit, so the server refuses it.
-	long := func(prefix string) string { return prefix + strings.Repeat("<", leasecore.MaxNameLen-len(prefix)) }
+	long := func(prefix string) string { return prefix + strings.Repeat("<", backendkit.MaxNameLen-len(prefix)) }
 	huge := leasecore.Batch{Scope: long("s"), Writer: long("w"), Token: 7}
-	for i := range leasecore.MaxBatchParts {
+	for i := range backendkit.MaxBatchParts {
 		huge.Parts = append(huge.Parts, leasecore.PartContent{Part: long(fmt.Sprintf("%02d", i)), Content: content})
 	}
-	if err := leasecore.CheckBatch(ctx, huge); err != nil {
+	if err := backendkit.CheckBatch(ctx, huge); err != nil {
 		t.Fatalf("the oversized batch is not valid input: %v", err)
 	}
 	snap := f.snapshot(t)

@@ -18,6 +18,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Moving a scope to another etcd cluster: Fence.Seal at the old cluster
@@ -168,7 +169,7 @@ func moveCarriesFloor(t *testing.T, srv *etcdtemp.Server) {
 
 	// The old cluster: every token rejected, in every form.
 	before := old.ownKeys(t)
-	for _, c := range []leasecore.Claim{a, b, {Scope: "nightly", Writer: "holder-c", Token: 12}, {Scope: "nightly", Writer: "holder-z", Token: leasecore.MaxToken}} {
+	for _, c := range []leasecore.Claim{a, b, {Scope: "nightly", Writer: "holder-c", Token: 12}, {Scope: "nightly", Writer: "holder-z", Token: backendkit.MaxToken}} {
 		res, resp, err := old.fence.Commit(ctx, c, old.putOwn("run=late"))
 		wantScopeMoved(t, fmt.Sprintf("token %d committing at the old cluster", c.Token), res, err, c.Token, 9)
 		if resp != nil {
@@ -415,7 +416,7 @@ func moveBadInput(t *testing.T, srv *etcdtemp.Server) {
 		reads            []clientv3.Op
 	}{
 		{"", destCluster, "scope", nil}, {"a\x00b", destCluster, "scope", nil},
-		{strings.Repeat("s", leasecore.MaxNameLen+1), destCluster, "scope", nil},
+		{strings.Repeat("s", backendkit.MaxNameLen+1), destCluster, "scope", nil},
 		{"nightly", "", "to", nil}, {"nightly", " etcd-b", "to", nil},
 		{"nightly", destCluster, "reads[0]", []clientv3.Op{clientv3.OpPut(old.prefix+"/own/x", "y")}},
 		{"nightly", destCluster, "reads[1]", []clientv3.Op{clientv3.OpGet(old.prefix + "/own/run"), clientv3.OpDelete(old.prefix+"/own/", clientv3.WithPrefix())}},

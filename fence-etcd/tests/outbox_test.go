@@ -14,6 +14,7 @@ import (
 
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 func (f *fixture) newOutbox(t *testing.T) *fenceetcd.Outbox {
@@ -292,7 +293,7 @@ func TestOutboxBadInput(t *testing.T) {
 		payload            []byte
 	}{
 		{"empty topic", "topic", "", c, nil},
-		{"payload too large", "payload", "t", c, make([]byte, leasecore.MaxPayloadLen+1)},
+		{"payload too large", "payload", "t", c, make([]byte, backendkit.MaxPayloadLen+1)},
 		{"no scope", "scope", "t", leasecore.Claim{Writer: "w", Token: 1}, nil},
 		{"token 0", "token", "t", leasecore.Claim{Scope: "s", Writer: "w"}, nil},
 	} {
@@ -306,7 +307,7 @@ func TestOutboxBadInput(t *testing.T) {
 	if _, err := o.Relay(cancelled, func(context.Context, leasecore.OutboxEntry) error { return nil }); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled relay: %v", err)
 	}
-	for _, limit := range []int{0, leasecore.MaxAttemptsRead + 1} {
+	for _, limit := range []int{0, backendkit.MaxAttemptsRead + 1} {
 		_, err := o.Pending(ctx, limit)
 		wantField(fmt.Sprint("limit ", limit), "limit", err)
 	}
@@ -319,12 +320,12 @@ func TestOutboxBadInput(t *testing.T) {
 	}
 }
 
-// TestOutboxLargestPayload: an entry of leasecore.MaxPayloadLen bytes, any
+// TestOutboxLargestPayload: an entry of backendkit.MaxPayloadLen bytes, any
 // bytes, fits in one Commit next to its data and comes back unchanged.
 func TestOutboxLargestPayload(t *testing.T) {
 	f := newFixture(t)
 	fe, o := f.newFence(t), f.newOutbox(t)
-	payload := make([]byte, leasecore.MaxPayloadLen)
+	payload := make([]byte, backendkit.MaxPayloadLen)
 	for i := range payload {
 		payload[i] = byte(i % 251) // NUL, newlines, everything
 	}

@@ -15,11 +15,12 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // attemptsString renders a scope's write log compactly:
 // "part/writer/token/accepted/floor" per attempt.
-func attemptsString(t *testing.T, r leasecore.ResourceReader, scope string) string {
+func attemptsString(t *testing.T, r backendkit.ResourceReader, scope string) string {
 	t.Helper()
 	as, err := r.Attempts(context.Background(), scope)
 	if err != nil {
@@ -205,13 +206,13 @@ func TestConcurrentFirstWrites(t *testing.T) {
 	t.Logf("the smaller token was accepted (applied first) in %d of 30 rounds with different tokens", lowFirst)
 }
 
-// TestMaxContent: a write of leasecore.MaxContentLen bytes fits one etcd
+// TestMaxContent: a write of backendkit.MaxContentLen bytes fits one etcd
 // request, whatever the content (JSON would escape these characters to as
 // much as six bytes each).
 func TestMaxContent(t *testing.T) {
 	f := newFixture(t)
 	for i, c := range []string{"\x01", `"`, "\u2028"} {
-		content := strings.Repeat(c, leasecore.MaxContentLen/len(c))
+		content := strings.Repeat(c, backendkit.MaxContentLen/len(c))
 		scope := fmt.Sprintf("big-%d", i)
 		backendtest.WantResult(t, fmt.Sprintf("%q x %d", c, len(content)/len(c)), backendtest.Write(t, f.res, scope, "summary", content, "holder-a", 1), true, 1)
 		backendtest.WantPart(t, f.res, scope, "summary", content, "holder-a", 1)

@@ -18,6 +18,7 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // rpcCounter records every gRPC call a client makes — unary calls, stream
@@ -251,7 +252,7 @@ func TestRoundTrips(t *testing.T) {
 	step("Resource.Write, new token (advances the floor)", "Txn Txn Txn", write("s", g0.Token+1, true))
 	step("Resource.Write, rejected (logs the rejection after)", "Txn Put", write("s", g0.Token, false))
 	batch := leasecore.Batch{Scope: "s", Writer: "holder-a", Token: g0.Token + 1}
-	for i := range leasecore.MaxBatchParts {
+	for i := range backendkit.MaxBatchParts {
 		batch.Parts = append(batch.Parts, leasecore.PartContent{Part: fmt.Sprintf("part-%02d", i), Content: "x"})
 	}
 	step("Resource.WriteBatch, 64 parts, floor == token", "Txn", func() error {

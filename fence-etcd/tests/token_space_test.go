@@ -15,6 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdtemp"
 	"github.com/leasefence/leasefence/fence-etcd/tests/internal/etcdtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // clusterSpace is the token space of the cluster cli talks to, from the
@@ -174,10 +175,10 @@ func TestTokenSpaceRejections(t *testing.T) {
 	wantTokenSpaceError(t, "Commit, nested", res, err, b, a.Token, a.Space)
 	bw := leasecore.Write{Scope: "report", Part: "summary", Content: "B's", Writer: b.Writer, Token: b.Token, Space: b.Space}
 	res, err = f.res.Write(ctx, bw)
-	wantTokenSpaceError(t, "Resource.Write", res, err, leasecore.ClaimOf(bw), a.Token, a.Space)
+	wantTokenSpaceError(t, "Resource.Write", res, err, backendkit.ClaimOf(bw), a.Token, a.Space)
 	res, err = f.res.WriteBatch(ctx, leasecore.Batch{Scope: "report", Writer: b.Writer, Token: b.Token, Space: b.Space,
 		Parts: []leasecore.PartContent{{Part: "summary", Content: "B's"}, {Part: "detail", Content: "B's"}}})
-	wantTokenSpaceError(t, "Resource.WriteBatch", res, err, leasecore.ClaimOf(bw), a.Token, a.Space)
+	wantTokenSpaceError(t, "Resource.WriteBatch", res, err, backendkit.ClaimOf(bw), a.Token, a.Space)
 	t.Logf("B's write: %v", err)
 
 	for _, c := range []leasecore.Claim{as[1].Claim("nightly"), {Scope: "nightly", Writer: b.Writer, Token: b.Token}} {
@@ -266,7 +267,7 @@ func TestTokenSpaceBadInput(t *testing.T) {
 	fe := f.newFence(t)
 	ctx := context.Background()
 	before := f.snapshot(t)
-	for _, space := range []string{strings.Repeat("s", leasecore.MaxNameLen+1), "etcd:\x00"} {
+	for _, space := range []string{strings.Repeat("s", backendkit.MaxNameLen+1), "etcd:\x00"} {
 		c := leasecore.Claim{Scope: "nightly", Writer: "holder-a", Token: 1, Space: space}
 		_, err := fe.Advance(ctx, c)
 		wantSpaceArg(t, "Advance", err)

@@ -12,6 +12,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The suite's fenced outbox (conformance.OutboxResources, F9b): the report
@@ -73,11 +74,11 @@ var reportTable = userTables[0]
 // (topic w.Part, payload w.Content) in one fenced transaction; for the
 // negative control in one transaction with no fence.
 func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	row := []any{w.Scope, w.Part, w.Content, w.Writer, int64(w.Token)}
-	c := leasecore.ClaimOf(w)
+	c := backendkit.ClaimOf(w)
 	switch {
 	case !r.fenced:
 		return r.writeUnfenced(ctx, w, row)
@@ -128,7 +129,7 @@ func (r *outboxResource) writeUnfenced(ctx context.Context, w leasecore.Write, r
 // Pending implements conformance.Outbox: fencepg.Outbox.Pending, the
 // scope's entries.
 func (r *outboxResource) Pending(ctx context.Context, scope string) ([]leasecore.OutboxEntry, error) {
-	all, err := r.outbox.Pending(ctx, leasecore.MaxAttemptsRead)
+	all, err := r.outbox.Pending(ctx, backendkit.MaxAttemptsRead)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The suite's own user tables, in the application's schema (public), as a
@@ -81,8 +82,8 @@ type userRows struct{ db dbx.DB }
 // Rows implements conformance.UserResource.
 func (u userRows) Rows(ctx context.Context, scope, part string) ([]conformance.UserRow, error) {
 	const op = "user rows"
-	for _, err := range []error{leasecore.CheckName(op, "scope", scope), leasecore.CheckName(op, "part", part),
-		leasecore.CheckContext(op, ctx)} {
+	for _, err := range []error{backendkit.CheckName(op, "scope", scope), backendkit.CheckName(op, "part", part),
+		backendkit.CheckContext(op, ctx)} {
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +106,7 @@ func (u userRows) Rows(ctx context.Context, scope, part string) ([]conformance.U
 	return out, nil
 }
 
-// ReadPart implements leasecore.ResourceReader: the first user table.
+// ReadPart implements backendkit.ResourceReader: the first user table.
 func (u userRows) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	rows, err := u.Rows(ctx, scope, part)
 	if err != nil {
@@ -140,10 +141,10 @@ func newUserResource(c pgopen.Pool, gap conformance.Gap, log fencepg.Option) (*u
 // writes the row of every user table, with conformance.InTransaction after
 // the first, then (F6u) waits in gap before the commit.
 func (r *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	c := leasecore.ClaimOf(w)
+	c := backendkit.ClaimOf(w)
 	if r.pool.Pgx != nil {
 		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error { return writeUserRows(ctx, pgxExec(ctx, tx), w, r.gap) })
 	}
@@ -190,14 +191,14 @@ func (r *userResource) Advance(ctx context.Context, c leasecore.Claim) (leasecor
 	return r.fence.Advance(ctx, c)
 }
 
-// Floor implements leasecore.ResourceReader: the fence's floor.
+// Floor implements backendkit.ResourceReader: the fence's floor.
 func (r *userResource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return r.fence.Floor(ctx, scope)
 }
 
-// Attempts implements leasecore.ResourceReader: the fence's whole log.
+// Attempts implements backendkit.ResourceReader: the fence's whole log.
 func (r *userResource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
-	return r.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: scope, Limit: leasecore.MaxAttemptsRead})
+	return r.fence.Attempts(ctx, leasecore.AttemptQuery{Scope: scope, Limit: backendkit.MaxAttemptsRead})
 }
 
 // markerFirst is the negative control: Prepare is the part store's fenced
@@ -226,7 +227,7 @@ func (m *markerFirst) Prepare(ctx context.Context, w leasecore.Write) (leasecore
 // Write upserts the rows without any check: whoever writes last wins.
 func (m *markerFirst) Write(ctx context.Context, w leasecore.Write) (res leasecore.Result, err error) {
 	const op = "marker-first rows"
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	tx, err := m.db.Begin(ctx)
@@ -249,13 +250,13 @@ func (m *markerFirst) Write(ctx context.Context, w leasecore.Write) (res leaseco
 	return leasecore.Result{Accepted: true}, nil
 }
 
-// Floor implements leasecore.ResourceReader: the part store's floor, where
+// Floor implements backendkit.ResourceReader: the part store's floor, where
 // the markers went.
 func (m *markerFirst) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return m.parts.Floor(ctx, scope)
 }
 
-// Attempts implements leasecore.ResourceReader: the part store's log.
+// Attempts implements backendkit.ResourceReader: the part store's log.
 func (m *markerFirst) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	return m.parts.Attempts(ctx, scope)
 }
@@ -306,10 +307,10 @@ func newCheckFirst(c pgopen.Pool, log fencepg.Option) (*checkFirst, error) {
 
 // Write implements leasecore.FencedResource with the check first.
 func (r *checkFirst) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
-	return r.ctl.Run(ctx, leasecore.ClaimOf(w), func(exec func(query string, args ...any) error) error {
+	return r.ctl.Run(ctx, backendkit.ClaimOf(w), func(exec func(query string, args ...any) error) error {
 		return writeUserRows(ctx, exec, w, nil)
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // CheckFirst is the fenced transaction as it was before fencepg decided at
@@ -30,7 +31,7 @@ func (c *Controls) CheckFirst() *CheckFirst { return &CheckFirst{c} }
 // transaction, as with leasecore.LogAll.
 func (k *CheckFirst) Run(ctx context.Context, claim leasecore.Claim, fn func(exec func(query string, args ...any) error) error) (res leasecore.Result, err error) {
 	const op = "check-first run"
-	if err := leasecore.CheckClaim(ctx, op, claim); err != nil {
+	if err := backendkit.CheckClaim(ctx, op, claim); err != nil {
 		return leasecore.Result{}, err
 	}
 	tx, err := k.c.db.Begin(ctx)

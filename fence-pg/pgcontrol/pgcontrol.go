@@ -39,6 +39,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 const pkg = "pgcontrol"
@@ -92,7 +93,7 @@ func (c *Controls) Migrate(ctx context.Context) error {
 
 // Resource is one negative-control resource. It implements
 // leasecore.FencedResource — WITHOUT keeping I3 — and
-// leasecore.ResourceReader.
+// backendkit.ResourceReader.
 type Resource struct {
 	op        string // names the control in errors, e.g. "unfenced write"
 	write     func(ctx context.Context, w leasecore.Write) (leasecore.Result, error)
@@ -101,8 +102,8 @@ type Resource struct {
 }
 
 var (
-	_ leasecore.FencedResource = (*Resource)(nil)
-	_ leasecore.ResourceReader = (*Resource)(nil)
+	_ leasecore.FencedResource  = (*Resource)(nil)
+	_ backendkit.ResourceReader = (*Resource)(nil)
 )
 
 func (c *Controls) resource(op string, write func(context.Context, leasecore.Write) (leasecore.Result, error)) *Resource {
@@ -114,20 +115,20 @@ func (c *Controls) resource(op string, write func(context.Context, leasecore.Wri
 // scope's fence_floor after the attempt (0 when it has none), which only
 // CheckThenWrite changes; the same value is logged in write_attempt.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	res, err := r.write(ctx, w)
 	return res, pgstore.MapError(ctx, pkg, r.op, err)
 }
 
-// Floor implements leasecore.ResourceReader: the scope's fence_floor, 0
+// Floor implements backendkit.ResourceReader: the scope's fence_floor, 0
 // when it has none.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return r.read.Floor(ctx, scope)
 }
 
-// ReadPart implements leasecore.ResourceReader: the part from report_part,
+// ReadPart implements backendkit.ResourceReader: the part from report_part,
 // or for the IdempotentPublisher from published; ok is false when absent.
 func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	if r.published {
@@ -136,7 +137,7 @@ func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.
 	return r.read.ReadPart(ctx, scope, part)
 }
 
-// Attempts implements leasecore.ResourceReader: the scope's write_attempt
+// Attempts implements backendkit.ResourceReader: the scope's write_attempt
 // rows, oldest first.
 func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	return r.read.Attempts(ctx, scope)

@@ -16,6 +16,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // forEachMode runs f per driver and per mode: the store without holder
@@ -284,7 +285,7 @@ func TestAcquireAllBadInput(t *testing.T) {
 			ttl         time.Duration
 		}{
 			{"no names", "names", nil, "holder-a", time.Minute},
-			{"too many names", "names", batchNames("n", leasecore.MaxAcquireAll+1), "holder-a", time.Minute},
+			{"too many names", "names", batchNames("n", backendkit.MaxAcquireAll+1), "holder-a", time.Minute},
 			{"empty name", "names[1]", []string{"a", ""}, "holder-a", time.Minute},
 			{"NUL in a name", "names[2]", []string{"a", "b", "c\x00"}, "holder-a", time.Minute},
 			{"repeated name", "names[1]", []string{"a", "a"}, "holder-a", time.Minute},
@@ -389,7 +390,7 @@ func TestAcquireAllLostAnswer(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		ctx := t.Context()
 		h, amb, loseNextAnswer := ambiguousSessionHarness(t, driver, "lostall")
-		batch := amb.(leasecore.BatchAcquirer)
+		batch := amb.(backendkit.BatchAcquirer)
 		reader, err := h.OpenLease(ctx)
 		if err != nil {
 			t.Fatal(err)

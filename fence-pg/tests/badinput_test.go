@@ -18,12 +18,13 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // resource is what every fenced or control resource offers.
 type resource interface {
 	leasecore.FencedResource
-	leasecore.ResourceReader
+	backendkit.ResourceReader
 }
 
 type namedResource struct {

@@ -17,6 +17,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // The user's own tables, as a nightly job would have them: a header row per
@@ -408,7 +409,7 @@ func TestFenceBadInput(t *testing.T) {
 		}{
 			{"empty scope", "scope", func() error { return run(ctx, leasecore.Claim{Writer: "w", Token: 1}) }},
 			{"long writer", "writer", func() error {
-				return run(ctx, leasecore.Claim{Scope: "s", Writer: strings.Repeat("w", leasecore.MaxNameLen+1), Token: 1})
+				return run(ctx, leasecore.Claim{Scope: "s", Writer: strings.Repeat("w", backendkit.MaxNameLen+1), Token: 1})
 			}},
 			{"token 0", "token", func() error { return run(ctx, leasecore.Claim{Scope: "s", Writer: "w"}) }},
 			{"cancelled ctx", "ctx", func() error { return run(cancelled, good) }},

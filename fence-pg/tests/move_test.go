@@ -17,6 +17,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Moving a scope to another database: Fence.SealScope in the old database's
@@ -297,7 +298,7 @@ func TestMoveScope(t *testing.T) {
 		}
 
 		// The old database: every token rejected, in every form.
-		for _, c := range []leasecore.Claim{a, b, {Scope: "nightly", Writer: "holder-c", Token: 3}, {Scope: "nightly", Writer: "holder-z", Token: leasecore.MaxToken}} {
+		for _, c := range []leasecore.Claim{a, b, {Scope: "nightly", Writer: "holder-c", Token: 3}, {Scope: "nightly", Writer: "holder-z", Token: backendkit.MaxToken}} {
 			var res leasecore.Result
 			var err error
 			if old.resPool.Pgx != nil {
@@ -573,7 +574,7 @@ func TestMoveScopeBadInput(t *testing.T) {
 		for _, tc := range []struct {
 			scope, to, field string
 		}{
-			{"", dest, "scope"}, {"a\x00b", dest, "scope"}, {strings.Repeat("s", leasecore.MaxNameLen+1), dest, "scope"},
+			{"", dest, "scope"}, {"a\x00b", dest, "scope"}, {strings.Repeat("s", backendkit.MaxNameLen+1), dest, "scope"},
 			{"nightly", "", "to"}, {"nightly", " db2", "to"}, {"nightly", "db\n2", "to"},
 		} {
 			tx := beginMove(t, old)

@@ -19,6 +19,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // outboxFixture is a fence fixture with an Outbox on the same database.
@@ -457,7 +458,7 @@ func TestOutboxBadInput(t *testing.T) {
 		}{
 			{"empty topic", "topic", "", c, nil},
 			{"topic with NUL", "topic", "a\x00", c, nil},
-			{"payload too large", "payload", "t", c, make([]byte, leasecore.MaxPayloadLen+1)},
+			{"payload too large", "payload", "t", c, make([]byte, backendkit.MaxPayloadLen+1)},
 			{"no writer", "writer", "t", leasecore.Claim{Scope: "s", Token: 1}, nil},
 			{"token 0", "token", "t", leasecore.Claim{Scope: "s", Writer: "w"}, nil},
 		} {
@@ -496,7 +497,7 @@ func TestOutboxBadInput(t *testing.T) {
 		if _, err := f.outbox.Relay(cancelled, func(context.Context, leasecore.OutboxEntry) error { return nil }); !errors.Is(err, context.Canceled) {
 			t.Errorf("cancelled relay: %v", err)
 		}
-		for _, limit := range []int{0, -1, leasecore.MaxAttemptsRead + 1} {
+		for _, limit := range []int{0, -1, backendkit.MaxAttemptsRead + 1} {
 			_, err := f.outbox.Pending(ctx, limit)
 			wantField(fmt.Sprint("pending limit ", limit), "limit", err)
 		}

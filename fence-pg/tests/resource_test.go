@@ -10,11 +10,12 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // attemptsString renders a scope's write log compactly:
 // "part/writer/token/accepted/floor" per attempt.
-func attemptsString(t *testing.T, r leasecore.ResourceReader, scope string) []string {
+func attemptsString(t *testing.T, r backendkit.ResourceReader, scope string) []string {
 	t.Helper()
 	as, err := r.Attempts(context.Background(), scope)
 	if err != nil {
@@ -30,7 +31,7 @@ func attemptsString(t *testing.T, r leasecore.ResourceReader, scope string) []st
 	return out
 }
 
-func wantAttempts(t *testing.T, r leasecore.ResourceReader, scope string, want ...string) {
+func wantAttempts(t *testing.T, r backendkit.ResourceReader, scope string, want ...string) {
 	t.Helper()
 	got := attemptsString(t, r, scope)
 	if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -73,8 +74,8 @@ func TestFencedWrite(t *testing.T) {
 		wantAttempts(t, r, "never-written")
 
 		// The largest token fits.
-		backendtest.WantResult(t, "MaxToken", backendtest.Write(t, r, "max", "p", "x", "w", leasecore.MaxToken), true, leasecore.MaxToken)
-		backendtest.WantResult(t, "below MaxToken", backendtest.Write(t, r, "max", "p", "y", "w", leasecore.MaxToken-1), false, leasecore.MaxToken)
+		backendtest.WantResult(t, "MaxToken", backendtest.Write(t, r, "max", "p", "x", "w", backendkit.MaxToken), true, backendkit.MaxToken)
+		backendtest.WantResult(t, "below MaxToken", backendtest.Write(t, r, "max", "p", "y", "w", backendkit.MaxToken-1), false, backendkit.MaxToken)
 	})
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // TestTokenSpaceGuards: a lease's token and a scope's floor only grow. The
@@ -330,10 +331,10 @@ func TestTokenSpaceRejections(t *testing.T) {
 		wantTokenSpaceError(t, "Advance", res, err, b, 3, spaceA)
 		bw := leasecore.Write{Scope: "report", Part: "summary", Content: "B's", Writer: b.Writer, Token: b.Token, Space: b.Space}
 		res, err = f.res.Write(ctx, bw)
-		wantTokenSpaceError(t, "Resource.Write", res, err, leasecore.ClaimOf(bw), 3, spaceA)
+		wantTokenSpaceError(t, "Resource.Write", res, err, backendkit.ClaimOf(bw), 3, spaceA)
 		res, err = f.res.WriteBatch(ctx, leasecore.Batch{Scope: "report", Writer: b.Writer, Token: b.Token, Space: b.Space,
 			Parts: []leasecore.PartContent{{Part: "summary", Content: "B's"}, {Part: "detail", Content: "B's"}}})
-		wantTokenSpaceError(t, "Resource.WriteBatch", res, err, leasecore.ClaimOf(bw), 3, spaceA)
+		wantTokenSpaceError(t, "Resource.WriteBatch", res, err, backendkit.ClaimOf(bw), 3, spaceA)
 		t.Logf("B's write: %v", err)
 
 		// A stale token of A's own space, and B's claim without its space:
@@ -410,7 +411,7 @@ func TestTokenSpaceBadInput(t *testing.T) {
 		f := newFenceFixture(t, driver)
 		ctx := context.Background()
 		before := f.snapshot(t)
-		for _, space := range []string{strings.Repeat("s", leasecore.MaxNameLen+1), "postgres:\x00"} {
+		for _, space := range []string{strings.Repeat("s", backendkit.MaxNameLen+1), "postgres:\x00"} {
 			c := leasecore.Claim{Scope: "nightly", Writer: "holder-a", Token: 1, Space: space}
 			_, err := f.fence.Advance(ctx, c)
 			wantSpaceArg(t, "Advance", err)

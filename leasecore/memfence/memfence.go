@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // MinTTL is the shortest TTL the in-memory lease service accepts.
@@ -48,14 +49,14 @@ func NewLeases(now func() time.Time) *Leases {
 var (
 	_ leasecore.Lease          = (*Leases)(nil)
 	_ leasecore.LeaseInspector = (*Leases)(nil)
-	_ leasecore.BatchRenewer   = (*Leases)(nil)
-	_ leasecore.Waiter         = (*Leases)(nil)
+	_ backendkit.BatchRenewer  = (*Leases)(nil)
+	_ backendkit.Waiter        = (*Leases)(nil)
 )
 
 // Acquire implements leasecore.Lease.
 func (l *Leases) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	start := time.Now()
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.mu.Lock()
@@ -76,7 +77,7 @@ func (l *Leases) Acquire(ctx context.Context, name, holder string, ttl time.Dura
 // Renew implements leasecore.Lease.
 func (l *Leases) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant, error) {
 	start := time.Now()
-	if err := leasecore.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "renew", g, MinTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	l.mu.Lock()
@@ -90,11 +91,11 @@ func (l *Leases) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Grant,
 	return g, nil
 }
 
-// RenewAll implements leasecore.BatchRenewer: every grant is judged and
+// RenewAll implements backendkit.BatchRenewer: every grant is judged and
 // renewed on its own, under one lock.
 func (l *Leases) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
 	start := time.Now()
-	if err := leasecore.CheckRenewAll(ctx, gs, MinTTL); err != nil {
+	if err := backendkit.CheckRenewAll(ctx, gs, MinTTL); err != nil {
 		return nil, nil, err
 	}
 	l.mu.Lock()
@@ -115,7 +116,7 @@ func (l *Leases) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecor
 
 // Release implements leasecore.Lease.
 func (l *Leases) Release(ctx context.Context, g leasecore.Grant) error {
-	if err := leasecore.CheckGrant(ctx, "release", g, MinTTL); err != nil {
+	if err := backendkit.CheckGrant(ctx, "release", g, MinTTL); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -132,16 +133,16 @@ func (l *Leases) Release(ctx context.Context, g leasecore.Grant) error {
 	return nil
 }
 
-// WaitFree implements leasecore.Waiter: it returns at once when name is
+// WaitFree implements backendkit.Waiter: it returns at once when name is
 // free, else on its release, or when the holding period's remaining time
 // has passed. That time is measured in real time, so with a clock of the
 // test's own it only makes an early or a late wake-up, both allowed; a
 // Campaign's own bound covers the late one.
 func (l *Leases) WaitFree(ctx context.Context, name string) error {
-	if err := leasecore.CheckName("wait free", "name", name); err != nil {
+	if err := backendkit.CheckName("wait free", "name", name); err != nil {
 		return err
 	}
-	if err := leasecore.CheckContext("wait free", ctx); err != nil {
+	if err := backendkit.CheckContext("wait free", ctx); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -193,7 +194,7 @@ func (l *Leases) current(op string, g leasecore.Grant) (*leaseRow, error) {
 
 // Inspect implements leasecore.LeaseInspector.
 func (l *Leases) Inspect(ctx context.Context, name string) (leasecore.LeaseState, error) {
-	if err := leasecore.CheckInspect(ctx, name); err != nil {
+	if err := backendkit.CheckInspect(ctx, name); err != nil {
 		return leasecore.LeaseState{}, err
 	}
 	l.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -198,7 +199,7 @@ func TestLeaseRejectsBadInputAndChangesNothing(t *testing.T) {
 	check(err, "holder")
 	_, err = l.Acquire(ctx, "report-job", "holder-a", memfence.MinTTL-1)
 	check(err, "ttl")
-	_, err = l.Acquire(ctx, "report-job", "holder-a", leasecore.MaxTTL+1)
+	_, err = l.Acquire(ctx, "report-job", "holder-a", backendkit.MaxTTL+1)
 	check(err, "ttl")
 	if _, err := l.Acquire(cancelled, "report-job", "holder-a", ttl); !errors.Is(err, context.Canceled) {
 		t.Errorf("Acquire(cancelled) = %v, want context.Canceled", err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Resource is an in-memory fenced resource with a scope-level floor and a
@@ -23,23 +24,23 @@ func NewResource() *Resource {
 }
 
 var (
-	_ leasecore.FencedResource = (*Resource)(nil)
-	_ leasecore.BatchWriter    = (*Resource)(nil)
-	_ leasecore.ResourceReader = (*Resource)(nil)
+	_ leasecore.FencedResource  = (*Resource)(nil)
+	_ backendkit.BatchWriter    = (*Resource)(nil)
+	_ backendkit.ResourceReader = (*Resource)(nil)
 )
 
 // Write implements leasecore.FencedResource.
 func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Result, error) {
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		return leasecore.Result{}, err
 	}
 	return r.write(w, []leasecore.PartContent{{Part: w.Part, Content: w.Content}})
 }
 
-// WriteBatch implements leasecore.BatchWriter: one floor comparison, all
+// WriteBatch implements backendkit.BatchWriter: one floor comparison, all
 // parts stored or none.
 func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore.Result, error) {
-	if err := leasecore.CheckBatch(ctx, b); err != nil {
+	if err := backendkit.CheckBatch(ctx, b); err != nil {
 		return leasecore.Result{}, err
 	}
 	w := leasecore.Write{Scope: b.Scope, Part: b.Parts[0].Part, Content: b.Parts[0].Content, Writer: b.Writer, Token: b.Token}
@@ -76,7 +77,7 @@ func (r *Resource) write(w leasecore.Write, parts []leasecore.PartContent) (leas
 	return leasecore.Result{Accepted: accepted, Floor: floor}, nil
 }
 
-// Floor implements leasecore.ResourceReader.
+// Floor implements backendkit.ResourceReader.
 func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	if err := checkRead(ctx, scope); err != nil {
 		return 0, err
@@ -86,12 +87,12 @@ func (r *Resource) Floor(ctx context.Context, scope string) (leasecore.Token, er
 	return r.floors[scope], nil
 }
 
-// ReadPart implements leasecore.ResourceReader.
+// ReadPart implements backendkit.ResourceReader.
 func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	if err := checkRead(ctx, scope); err != nil {
 		return leasecore.StoredPart{}, false, err
 	}
-	if err := leasecore.CheckName("read part", "part", part); err != nil {
+	if err := backendkit.CheckName("read part", "part", part); err != nil {
 		return leasecore.StoredPart{}, false, err
 	}
 	r.mu.Lock()
@@ -100,7 +101,7 @@ func (r *Resource) ReadPart(ctx context.Context, scope, part string) (leasecore.
 	return p, ok, nil
 }
 
-// Attempts implements leasecore.ResourceReader.
+// Attempts implements backendkit.ResourceReader.
 func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	if err := checkRead(ctx, scope); err != nil {
 		return nil, err
@@ -117,8 +118,8 @@ func (r *Resource) Attempts(ctx context.Context, scope string) ([]leasecore.Atte
 }
 
 func checkRead(ctx context.Context, scope string) error {
-	if err := leasecore.CheckName("read", "scope", scope); err != nil {
+	if err := backendkit.CheckName("read", "scope", scope); err != nil {
 		return err
 	}
-	return leasecore.CheckContext("read", ctx)
+	return backendkit.CheckContext("read", ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -141,7 +142,7 @@ func TestResourceRejectsBadInputAndChangesNothing(t *testing.T) {
 		{"part", write("", "x", "holder-a", 2)},
 		{"writer", write("summary", "x", " holder-a", 2)},
 		{"token", write("summary", "x", "holder-a", 0)},
-		{"token", write("summary", "x", "holder-a", leasecore.MaxToken+1)},
+		{"token", write("summary", "x", "holder-a", backendkit.MaxToken+1)},
 		{"content", write("summary", "x\x00y", "holder-a", 2)},
 	}
 	for _, b := range bad {

@@ -13,6 +13,7 @@ import (
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // backend is what the subcommands need of a lease service and a fence:
@@ -215,8 +216,8 @@ func (b *pgBackend) kind() string { return backendPostgres }
 func (b *pgBackend) maxList() int { return fencepg.MaxList }
 
 func (b *pgBackend) checkTTL(cmd string, ttl time.Duration) error {
-	if ttl < fencepg.MinTTL || ttl > leasecore.MaxTTL {
-		return usagef(cmd, "%s: --ttl %v: must be %v to %v", cmd, ttl, fencepg.MinTTL, leasecore.MaxTTL)
+	if ttl < fencepg.MinTTL || ttl > backendkit.MaxTTL {
+		return usagef(cmd, "%s: --ttl %v: must be %v to %v", cmd, ttl, fencepg.MinTTL, backendkit.MaxTTL)
 	}
 	return nil
 }
@@ -375,9 +376,9 @@ func (b *etcdBackend) kind() string { return backendEtcd }
 func (b *etcdBackend) maxList() int { return fenceetcd.MaxList }
 
 func (b *etcdBackend) checkTTL(cmd string, ttl time.Duration) error {
-	if ttl < fenceetcd.MinTTL || ttl > leasecore.MaxTTL || ttl%time.Second != 0 {
+	if ttl < fenceetcd.MinTTL || ttl > backendkit.MaxTTL || ttl%time.Second != 0 {
 		return usagef(cmd, "%s: --ttl %v: must be whole seconds, %v to %v (etcd lease TTLs are whole seconds)",
-			cmd, ttl, fenceetcd.MinTTL, leasecore.MaxTTL)
+			cmd, ttl, fenceetcd.MinTTL, backendkit.MaxTTL)
 	}
 	return nil
 }

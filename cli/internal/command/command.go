@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Exit statuses (EXIT STATUS in the manual).
@@ -228,7 +229,7 @@ func (r *runner) help(args []string) error {
 // checkName validates an operand as leasecore does a lease name or scope,
 // as a usage error naming the operand.
 func checkName(cmd, what, v string) error {
-	if err := leasecore.CheckName(cmd, what, v); err != nil {
+	if err := backendkit.CheckName(cmd, what, v); err != nil {
 		var ae *leasecore.ArgError
 		if errors.As(err, &ae) {
 			if ae.Value == "" {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 func init() {
@@ -223,7 +224,7 @@ func runAttempts(ctx context.Context, r *runner, operands []string) error {
 	if err := checkName(cmd, "SCOPE", scope); err != nil {
 		return err
 	}
-	if err := checkLimit(cmd, r.opts.limit, leasecore.MaxAttemptsRead); err != nil {
+	if err := checkLimit(cmd, r.opts.limit, backendkit.MaxAttemptsRead); err != nil {
 		return err
 	}
 	since, err := sinceTime(cmd, r.opts.since, time.Now())
@@ -277,9 +278,9 @@ func parseToken(cmd, v string) (leasecore.Token, error) {
 		return 0, usagef(cmd, "%s: invalid TOKEN %q: want a decimal number", cmd, v)
 	case n == 0:
 		return 0, usagef(cmd, "%s: invalid TOKEN %q: must be positive (0 is never issued)", cmd, v)
-	case leasecore.Token(n) > leasecore.MaxToken:
+	case leasecore.Token(n) > backendkit.MaxToken:
 		return 0, usagef(cmd, "%s: invalid TOKEN %q: above the largest token %d (%d is reserved: the floor of a sealed scope)",
-			cmd, v, leasecore.MaxToken, leasecore.SealedFloor)
+			cmd, v, backendkit.MaxToken, leasecore.SealedFloor)
 	}
 	return leasecore.Token(n), nil
 }

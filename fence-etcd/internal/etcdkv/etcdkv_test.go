@@ -16,13 +16,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // TestTokenEncodingOrder: the byte order of encoded tokens is their
 // numeric order, which is what the floor compare relies on.
 func TestTokenEncodingOrder(t *testing.T) {
 	edges := []leasecore.Token{1, 2, 9, 10, 11, 99, 100, 101, 999, 1000, 1 << 31, 1 << 32, 1<<53 + 1,
-		leasecore.MaxToken - 1, leasecore.MaxToken, leasecore.MaxToken + 1, math.MaxUint64}
+		backendkit.MaxToken - 1, backendkit.MaxToken, backendkit.MaxToken + 1, math.MaxUint64}
 	r := rand.New(rand.NewPCG(1, 2))
 	values := append([]leasecore.Token(nil), edges...)
 	for range 2000 {
@@ -147,7 +148,7 @@ func TestCheckPrefix(t *testing.T) {
 		"/a\nb":        "control character",
 		"/a\x00":       "control character",
 		"/a\xff":       "UTF-8",
-		"/" + strings.Repeat("p", leasecore.MaxNameLen): "longer than",
+		"/" + strings.Repeat("p", backendkit.MaxNameLen): "longer than",
 	} {
 		err := CheckPrefix("new resource", p)
 		var ae *leasecore.ArgError
@@ -299,8 +300,8 @@ func TestRecordsRoundTrip(t *testing.T) {
 		t.Fatalf("decoding a non-record: %v", err)
 	}
 	// The worst content for a JSON string stays within 4/3 as base64.
-	big := leasecore.Write{Content: strings.Repeat("\x01", leasecore.MaxContentLen), Writer: "w", Token: 1}
-	if n := len(NewPartRecord(big).Encode()); n > leasecore.MaxContentLen*4/3+200 {
+	big := leasecore.Write{Content: strings.Repeat("\x01", backendkit.MaxContentLen), Writer: "w", Token: 1}
+	if n := len(NewPartRecord(big).Encode()); n > backendkit.MaxContentLen*4/3+200 {
 		t.Fatalf("record of MaxContentLen control characters is %d bytes", n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // DefaultPrefix is the key prefix of a store without fenceetcd.WithPrefix.
@@ -62,18 +63,18 @@ func NewLayout(op string, opts Options) (Layout, error) {
 	if err := CheckPrefix(op, opts.Prefix); err != nil {
 		return Layout{}, err
 	}
-	if err := leasecore.CheckAttemptLog(op, opts.AttemptLog); err != nil {
+	if err := backendkit.CheckAttemptLog(op, opts.AttemptLog); err != nil {
 		return Layout{}, err
 	}
 	return Layout{prefix: opts.Prefix}, nil
 }
 
-// CheckPrefix validates a key prefix: an identifier as leasecore.CheckName
-// defines it (non-empty, at most leasecore.MaxNameLen bytes of valid UTF-8,
+// CheckPrefix validates a key prefix: an identifier as backendkit.CheckName
+// defines it (non-empty, at most backendkit.MaxNameLen bytes of valid UTF-8,
 // no control characters, no surrounding whitespace) that begins with "/"
 // and does not end with "/" (the layout adds the separator).
 func CheckPrefix(op, prefix string) error {
-	if err := leasecore.CheckName(op, "prefix", prefix); err != nil {
+	if err := backendkit.CheckName(op, "prefix", prefix); err != nil {
 		return err
 	}
 	bad := func(reason string) error {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Moved is the key of scope's seal record (SealRecord): written, with the
@@ -54,7 +55,7 @@ func DecodeSeal(key string, value []byte) (SealRecord, error) {
 	if err := json.Unmarshal(value, &r); err != nil {
 		return SealRecord{}, fmt.Errorf("key %q does not hold a seal record: %w", key, err)
 	}
-	if r.To == "" || leasecore.Token(r.Floor) > leasecore.MaxToken {
+	if r.To == "" || leasecore.Token(r.Floor) > backendkit.MaxToken {
 		return SealRecord{}, fmt.Errorf("key %q does not hold a seal record: %s", key, value)
 	}
 	return r, nil

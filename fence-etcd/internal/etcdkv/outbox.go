@@ -60,7 +60,7 @@ func NewOutboxID() string {
 
 // OutboxRecord is the value of an outbox key, apart from the payload: the
 // value is this record as one line of JSON, a newline, then the payload's
-// bytes as they are (no base64: an entry of leasecore.MaxPayloadLen bytes
+// bytes as they are (no base64: an entry of backendkit.MaxPayloadLen bytes
 // stays well inside etcd's request limit next to its data).
 type OutboxRecord struct {
 	ID     string `json:"id"`

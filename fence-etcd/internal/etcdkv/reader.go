@@ -8,9 +8,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// Reader implements leasecore.ResourceReader over one layout's floor, part
+// Reader implements backendkit.ResourceReader over one layout's floor, part
 // and attempt keys, for every resource of fence-etcd, fenced or not. Each
 // read is one request; input is validated first, and bad input or a done
 // context returns before anything is sent.
@@ -20,7 +21,7 @@ type Reader struct {
 	Pkg    string // error prefix, e.g. "fenceetcd"
 }
 
-// Floor implements leasecore.ResourceReader: 0 when the scope has no floor
+// Floor implements backendkit.ResourceReader: 0 when the scope has no floor
 // key.
 func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	const op = "floor"
@@ -52,7 +53,7 @@ func FloorOf(kvs []*mvccpb.KeyValue) (leasecore.Token, error) {
 	return t, nil
 }
 
-// ReadPart implements leasecore.ResourceReader.
+// ReadPart implements backendkit.ResourceReader.
 func (r Reader) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	return r.readPart(ctx, scope, part, r.Layout.Part(scope, part))
 }
@@ -82,7 +83,7 @@ func (r Reader) readPart(ctx context.Context, scope, part, key string) (leasecor
 	return rec.StoredPart(scope, part), true, nil
 }
 
-// Attempts implements leasecore.ResourceReader: one range read of the
+// Attempts implements backendkit.ResourceReader: one range read of the
 // scope's whole attempt log, sorted by modification revision (each key is
 // written once), oldest first: the order in which etcd stored the records.
 // That is etcd's order of application for accepted attempts, whose records
@@ -140,13 +141,13 @@ func DecodeAttempts(scope string, kvs []*mvccpb.KeyValue, limit int) ([]leasecor
 // CheckRead validates the scope and, for ReadPart, the part, then the
 // context.
 func CheckRead(ctx context.Context, op, scope string, part ...string) error {
-	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+	if err := backendkit.CheckName(op, "scope", scope); err != nil {
 		return err
 	}
 	for _, p := range part {
-		if err := leasecore.CheckName(op, "part", p); err != nil {
+		if err := backendkit.CheckName(op, "part", p); err != nil {
 			return err
 		}
 	}
-	return leasecore.CheckContext(op, ctx)
+	return backendkit.CheckContext(op, ctx)
 }

@@ -13,7 +13,7 @@ import (
 //
 // Content is a []byte, so encoding/json stores it as base64: the value is
 // then at most 4/3 of the content whatever the content holds, and a write of
-// leasecore.MaxContentLen bytes stays inside etcd's default request limit
+// backendkit.MaxContentLen bytes stays inside etcd's default request limit
 // (1.5 MiB). As a JSON string it could grow sixfold (every control
 // character becomes \u00XX) and a valid write would be refused as too
 // large.

@@ -14,6 +14,7 @@ import (
 	"context"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Gap runs inside a write, after the fence statement and before COMMIT.
@@ -35,8 +36,8 @@ func From(ctx context.Context) Gap {
 // Target is what Wrap wraps: a fencepg.Resource.
 type Target interface {
 	leasecore.FencedResource
-	leasecore.BatchWriter
-	leasecore.ResourceReader
+	backendkit.BatchWriter
+	backendkit.ResourceReader
 }
 
 // Resource is a Target whose every write runs with Gap.

@@ -1,6 +1,6 @@
 package pgsql
 
-// Statements of LeaseStore.AcquireAll (leasecore.BatchAcquirer): the fast
+// Statements of LeaseStore.AcquireAll (backendkit.BatchAcquirer): the fast
 // path that grants, in ONE statement and one durable commit, every name of
 // a batch that has no lease row yet. Tokens start at 1 and lease rows are
 // never deleted (schema/lease.sql's guard refuses it), so a name without a

@@ -112,7 +112,7 @@ const Release = `WITH u AS (
 // moves the 'leasefence.' prefix with the tables). A channel per name would
 // need names that fit an identifier (63 bytes, PostgreSQL's NAMEDATALEN - 1)
 // and would fail the release for longer ones; a payload takes up to 8000
-// bytes, far above leasecore.MaxNameLen. The channel name has no schema in
+// bytes, far above backendkit.MaxNameLen. The channel name has no schema in
 // it for the same reason: a 63-byte schema would not leave room.
 const LeaseFreeChannel = "leasefence_lease_free"
 

@@ -9,16 +9,17 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// Acquire validates its input (leasecore.CheckAcquire with minTTL), runs
+// Acquire validates its input (backendkit.CheckAcquire with minTTL), runs
 // stmt (pgsql.Acquire, in the store's schema) on q and returns the grant,
 // named by the schema's token space, or a *leasecore.HoldError
 // wrapping leasecore.ErrHeld when the statement returned no row. q is a
 // pool in production; the conformance harness passes an open transaction
 // to show why that is wrong (F2).
 func Acquire(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string, ttl, minTTL time.Duration) (leasecore.Grant, error) {
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	// Read before sending: the server starts the TTL only when it runs the

@@ -9,6 +9,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // Migrate applies schema, a script of idempotent statements (CREATE ... IF
@@ -18,7 +19,7 @@ import (
 // failed migration leaves nothing half-applied.
 func Migrate(ctx context.Context, db dbx.DB, pkg, schema string) (err error) {
 	const op = "migrate"
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	tx, err := db.Begin(ctx)
@@ -52,7 +53,7 @@ func Migrate(ctx context.Context, db dbx.DB, pkg, schema string) (err error) {
 // table (no privilege on it) sees it as missing.
 func CheckSchema(ctx context.Context, db dbx.DB, pkg, schema string, want []pgsql.Column, funcs []string) error {
 	const op = "check schema"
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	rows, err := db.Query(ctx, pgsql.Columns, schema)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // RejectedAttemptsSince is AttemptsSince for rejected entries only: the
@@ -12,7 +13,7 @@ import (
 // accepted entries (leasecore.LogAll) lie between them.
 func (r Reader) RejectedAttemptsSince(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	const op = "rejected attempts"
-	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+	if err := backendkit.CheckAttemptQuery(ctx, op, q); err != nil {
 		return nil, err
 	}
 	return r.attempts(ctx, op, q.Scope, r.sql(pgsql.RejectedAttemptsSince), q.Scope, q.Since, q.Limit)

@@ -9,6 +9,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // RuntimeGrants are the table privileges a runtime role needs on each of
@@ -93,7 +94,7 @@ ORDER BY t.ord`
 func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []TablePrivileges,
 	want []pgsql.Column, funcs []string) error {
 	const op = "preflight"
-	if err := leasecore.CheckContext(op, ctx); err != nil {
+	if err := backendkit.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	var role, fsync string

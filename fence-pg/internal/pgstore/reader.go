@@ -8,9 +8,10 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// Reader implements leasecore.ResourceReader over the resource database's
+// Reader implements backendkit.ResourceReader over the resource database's
 // tables (fence_floor, report_part, write_attempt) for every resource of
 // fence-pg, fenced or not. Each read is one statement; input is validated
 // first, and bad input or a done context returns before anything is sent.
@@ -28,7 +29,7 @@ func (r Reader) sql(stmt string) string {
 	return pgsql.InSchema(stmt, r.Schema)
 }
 
-// Floor implements leasecore.ResourceReader.
+// Floor implements backendkit.ResourceReader.
 func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	const op = "floor"
 	if err := checkRead(ctx, op, scope); err != nil {
@@ -41,7 +42,7 @@ func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error
 	return leasecore.Token(floor), nil
 }
 
-// ReadPart implements leasecore.ResourceReader.
+// ReadPart implements backendkit.ResourceReader.
 func (r Reader) ReadPart(ctx context.Context, scope, part string) (leasecore.StoredPart, bool, error) {
 	return r.readPart(ctx, scope, part, r.sql(pgsql.ReadPart), scope, part)
 }
@@ -70,7 +71,7 @@ func (r Reader) readPart(ctx context.Context, scope, part, query string, args ..
 	return p, true, nil
 }
 
-// Attempts implements leasecore.ResourceReader.
+// Attempts implements backendkit.ResourceReader.
 func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt, error) {
 	const op = "attempts"
 	if err := checkRead(ctx, op, scope); err != nil {
@@ -83,7 +84,7 @@ func (r Reader) Attempts(ctx context.Context, scope string) ([]leasecore.Attempt
 // after q.Since, oldest first.
 func (r Reader) AttemptsSince(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	const op = "attempts"
-	if err := leasecore.CheckAttemptQuery(ctx, op, q); err != nil {
+	if err := backendkit.CheckAttemptQuery(ctx, op, q); err != nil {
 		return nil, err
 	}
 	return r.attempts(ctx, op, q.Scope, r.sql(pgsql.AttemptsSince), q.Scope, q.Since, q.Limit)
@@ -114,13 +115,13 @@ func (r Reader) attempts(ctx context.Context, op, scope, query string, args ...a
 // checkRead validates the scope and, for ReadPart, the part, then the
 // context.
 func checkRead(ctx context.Context, op, scope string, part ...string) error {
-	if err := leasecore.CheckName(op, "scope", scope); err != nil {
+	if err := backendkit.CheckName(op, "scope", scope); err != nil {
 		return err
 	}
 	for _, p := range part {
-		if err := leasecore.CheckName(op, "part", p); err != nil {
+		if err := backendkit.CheckName(op, "part", p); err != nil {
 			return err
 		}
 	}
-	return leasecore.CheckContext(op, ctx)
+	return backendkit.CheckContext(op, ctx)
 }

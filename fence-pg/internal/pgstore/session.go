@@ -9,6 +9,7 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/internal/dbx"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // ErrResent is wrapped by the error of a holder-session acquire that found
@@ -23,7 +24,7 @@ var ErrResent = fmt.Errorf("the acquire's answer was lost and the driver sent it
 	"held by the first attempt (that hold is being undone): %w", leasecore.ErrUnavailable)
 
 // AcquireSession is Acquire for holder-session mode: it validates its input
-// (leasecore.CheckAcquire with minTTL), runs stmt (pgsql.AcquireSession in
+// (backendkit.CheckAcquire with minTTL), runs stmt (pgsql.AcquireSession in
 // the store's schema) on q with acquireID and returns the grant, a
 // *leasecore.HoldError wrapping leasecore.ErrHeld when the name is held,
 // or an error wrapping ErrResent (see there). q is a pool in production;
@@ -36,7 +37,7 @@ var ErrResent = fmt.Errorf("the acquire's answer was lost and the driver sent it
 func AcquireSession(ctx context.Context, q dbx.Querier, stmt, pkg, name, holder string, ttl, minTTL time.Duration,
 	acquireID int64) (leasecore.Grant, error) {
 	const op = "acquire"
-	if err := leasecore.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, name, holder, ttl, minTTL); err != nil {
 		return leasecore.Grant{}, err
 	}
 	start := time.Now()

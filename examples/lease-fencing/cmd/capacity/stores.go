@@ -13,14 +13,15 @@ import (
 	"github.com/leasefence/leasefence/fence-etcd/etcdconformance"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // leaseAPI is what a SessionSet needs of a lease store, and the batch
 // acquire its AcquireAll uses when the store has it (both backends do).
 type leaseAPI interface {
 	leasecore.Lease
-	leasecore.BatchRenewer
-	leasecore.BatchAcquirer
+	backendkit.BatchRenewer
+	backendkit.BatchAcquirer
 }
 
 // backendConfig says which lease service a process talks to, and how.

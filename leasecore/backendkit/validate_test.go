@@ -1,4 +1,4 @@
-package leasecore_test
+package backendkit_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 // wantArgError checks the contract every validation error keeps: it wraps
@@ -60,11 +61,11 @@ func TestCheckName(t *testing.T) {
 		{"leading tab", "\tholder-a", false, "begin or end"},
 		{"trailing newline", "holder-a\n", false, "begin or end"},
 		{"trailing no-break space", "holder-a\u00a0", false, "begin or end"},
-		{"exactly MaxNameLen", strings.Repeat("a", leasecore.MaxNameLen), true, ""},
-		{"exactly MaxNameLen multibyte", strings.Repeat("é", leasecore.MaxNameLen/2), true, ""},
-		{"MaxNameLen+1", strings.Repeat("a", leasecore.MaxNameLen+1), false, "longer than"},
+		{"exactly MaxNameLen", strings.Repeat("a", backendkit.MaxNameLen), true, ""},
+		{"exactly MaxNameLen multibyte", strings.Repeat("é", backendkit.MaxNameLen/2), true, ""},
+		{"MaxNameLen+1", strings.Repeat("a", backendkit.MaxNameLen+1), false, "longer than"},
 		// The limit is in bytes, not runes: 67 three-byte runes are 201 bytes.
-		{"over limit in bytes not runes", strings.Repeat("日", leasecore.MaxNameLen/3+1), false, "longer than"},
+		{"over limit in bytes not runes", strings.Repeat("日", backendkit.MaxNameLen/3+1), false, "longer than"},
 		{"NUL", "holder\x00a", false, "U+0000"},
 		{"NUL only", "\x00", false, "U+0000"},
 		{"SOH", "holder\x01a", false, "control"},
@@ -85,7 +86,7 @@ func TestCheckName(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckName("acquire", "holder", tc.v)
+			err := backendkit.CheckName("acquire", "holder", tc.v)
 			if tc.ok {
 				if err != nil {
 					t.Fatalf("CheckName(%q) = %v, want nil", tc.v, err)
@@ -102,7 +103,7 @@ func TestCheckName(t *testing.T) {
 
 func TestCheckNameUsesGivenField(t *testing.T) {
 	for _, field := range []string{"name", "holder", "scope", "part", "writer"} {
-		wantArgError(t, leasecore.CheckName("op-x", field, ""), "op-x", field)
+		wantArgError(t, backendkit.CheckName("op-x", field, ""), "op-x", field)
 	}
 }
 
@@ -110,7 +111,7 @@ func TestCheckNameUsesGivenField(t *testing.T) {
 // shortened, escaped form.
 func TestArgErrorShortensLongValues(t *testing.T) {
 	long := strings.Repeat("x", 10_000)
-	err := leasecore.CheckName("acquire", "name", long)
+	err := backendkit.CheckName("acquire", "name", long)
 	wantArgError(t, err, "acquire", "name")
 	msg := err.Error()
 	if len(msg) > 200 {
@@ -121,19 +122,19 @@ func TestArgErrorShortensLongValues(t *testing.T) {
 	}
 
 	// Shortening counts runes, so a multibyte value is not cut mid-rune.
-	err = leasecore.CheckName("acquire", "name", strings.Repeat("日", 100))
+	err = backendkit.CheckName("acquire", "name", strings.Repeat("日", 100))
 	if msg := err.Error(); !strings.Contains(msg, `"`+strings.Repeat("日", 40)+`"...`) {
 		t.Errorf("message %q does not show the first 40 runes followed by ...", msg)
 	}
 
 	// Control characters and invalid bytes are escaped, not printed raw.
-	err = leasecore.CheckName("acquire", "name", "a\x00b\xffc")
+	err = backendkit.CheckName("acquire", "name", "a\x00b\xffc")
 	if msg := err.Error(); strings.Contains(msg, "\x00") || strings.Contains(msg, "\xff") {
 		t.Errorf("message %q contains raw control or invalid bytes", msg)
 	}
 
-	content := strings.Repeat("c", leasecore.MaxContentLen+1)
-	err = leasecore.CheckContent("write", content)
+	content := strings.Repeat("c", backendkit.MaxContentLen+1)
+	err = backendkit.CheckContent("write", content)
 	wantArgError(t, err, "write", "content")
 	if len(err.Error()) > 300 {
 		t.Errorf("content message is %d bytes, want it shortened", len(err.Error()))
@@ -147,7 +148,7 @@ func TestCheckContentOversizedIsCheap(t *testing.T) {
 	big := strings.Repeat("a", 16<<20)
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	err := leasecore.CheckContent("write", big)
+	err := backendkit.CheckContent("write", big)
 	runtime.ReadMemStats(&after)
 	wantArgError(t, err, "write", "content")
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
@@ -155,7 +156,7 @@ func TestCheckContentOversizedIsCheap(t *testing.T) {
 	}
 
 	// A shortened invalid value keeps its escapes, as an unshortened one does.
-	err = leasecore.CheckName("acquire", "name", strings.Repeat("\xff", 50))
+	err = backendkit.CheckName("acquire", "name", strings.Repeat("\xff", 50))
 	if msg := err.Error(); !strings.Contains(msg, `"`+strings.Repeat(`\xff`, 40)+`"...`) {
 		t.Errorf("message %q, want 40 escaped bytes followed by ...", msg)
 	}
@@ -175,13 +176,13 @@ func TestCheckTTL(t *testing.T) {
 		{"below minimum", minTTL - 1, false, "minimum"},
 		{"exactly minimum", minTTL, true, ""},
 		{"typical", 1500 * time.Millisecond, true, ""},
-		{"exactly MaxTTL", leasecore.MaxTTL, true, ""},
-		{"above MaxTTL", leasecore.MaxTTL + time.Nanosecond, false, "maximum"},
+		{"exactly MaxTTL", backendkit.MaxTTL, true, ""},
+		{"above MaxTTL", backendkit.MaxTTL + time.Nanosecond, false, "maximum"},
 		{"MaxInt64", time.Duration(math.MaxInt64), false, "maximum"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckTTL("acquire", tc.ttl, minTTL)
+			err := backendkit.CheckTTL("acquire", tc.ttl, minTTL)
 			if tc.ok {
 				if err != nil {
 					t.Fatalf("CheckTTL(%v) = %v, want nil", tc.ttl, err)
@@ -207,15 +208,15 @@ func TestCheckToken(t *testing.T) {
 	}{
 		{"zero", 0, false},
 		{"one", 1, true},
-		{"MaxToken", leasecore.MaxToken, true},
-		{"MaxToken+1", leasecore.MaxToken + 1, false},
+		{"MaxToken", backendkit.MaxToken, true},
+		{"MaxToken+1", backendkit.MaxToken + 1, false},
 		{"SealedFloor", leasecore.SealedFloor, false},
 		{"MaxInt64+1", math.MaxInt64 + 1, false},
 		{"MaxUint64", math.MaxUint64, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckToken("write", tc.tok)
+			err := backendkit.CheckToken("write", tc.tok)
 			if tc.ok {
 				if err != nil {
 					t.Fatalf("CheckToken(%d) = %v, want nil", tc.tok, err)
@@ -228,7 +229,7 @@ func TestCheckToken(t *testing.T) {
 			}
 		})
 	}
-	if got, want := leasecore.MaxToken.String(), "9223372036854775806"; got != want {
+	if got, want := backendkit.MaxToken.String(), "9223372036854775806"; got != want {
 		t.Errorf("MaxToken.String() = %q, want %q", got, want)
 	}
 	if got, want := leasecore.SealedFloor.String(), "9223372036854775807"; got != want {
@@ -246,14 +247,14 @@ func TestCheckContent(t *testing.T) {
 		{"empty", "", true, ""},
 		{"text", "summary of 2026-12-02", true, ""},
 		{"multiline unicode", "第一行\n第二行\t✓", true, ""},
-		{"exactly MaxContentLen", strings.Repeat("a", leasecore.MaxContentLen), true, ""},
-		{"over MaxContentLen", strings.Repeat("a", leasecore.MaxContentLen+1), false, "larger than"},
+		{"exactly MaxContentLen", strings.Repeat("a", backendkit.MaxContentLen), true, ""},
+		{"over MaxContentLen", strings.Repeat("a", backendkit.MaxContentLen+1), false, "larger than"},
 		{"NUL", "a\x00b", false, "NUL"},
 		{"invalid UTF-8", "a\xc3(b", false, "UTF-8"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckContent("write", tc.content)
+			err := backendkit.CheckContent("write", tc.content)
 			if tc.ok {
 				if err != nil {
 					t.Fatalf("CheckContent = %v, want nil", err)
@@ -274,7 +275,7 @@ func goodWrite() leasecore.Write {
 
 func TestCheckWrite(t *testing.T) {
 	ctx := context.Background()
-	if err := leasecore.CheckWrite(ctx, goodWrite()); err != nil {
+	if err := backendkit.CheckWrite(ctx, goodWrite()); err != nil {
 		t.Fatalf("CheckWrite(good) = %v, want nil", err)
 	}
 	tests := []struct {
@@ -286,22 +287,22 @@ func TestCheckWrite(t *testing.T) {
 		{"part", func(w *leasecore.Write) { w.Part = "" }},
 		{"part", func(w *leasecore.Write) { w.Part = "sum\x00mary" }},
 		{"writer", func(w *leasecore.Write) { w.Writer = "" }},
-		{"writer", func(w *leasecore.Write) { w.Writer = strings.Repeat("w", leasecore.MaxNameLen+1) }},
+		{"writer", func(w *leasecore.Write) { w.Writer = strings.Repeat("w", backendkit.MaxNameLen+1) }},
 		{"token", func(w *leasecore.Write) { w.Token = 0 }},
-		{"token", func(w *leasecore.Write) { w.Token = leasecore.MaxToken + 1 }},
+		{"token", func(w *leasecore.Write) { w.Token = backendkit.MaxToken + 1 }},
 		{"content", func(w *leasecore.Write) { w.Content = "a\x00" }},
 		{"content", func(w *leasecore.Write) { w.Content = "\xff" }},
 	}
 	for _, tc := range tests {
 		w := goodWrite()
 		tc.edit(&w)
-		wantArgError(t, leasecore.CheckWrite(ctx, w), "write", tc.field)
+		wantArgError(t, backendkit.CheckWrite(ctx, w), "write", tc.field)
 	}
 
 	// Empty content is a valid write (a report can be empty).
 	w := goodWrite()
 	w.Content = ""
-	if err := leasecore.CheckWrite(ctx, w); err != nil {
+	if err := backendkit.CheckWrite(ctx, w); err != nil {
 		t.Errorf("CheckWrite(empty content) = %v, want nil", err)
 	}
 }
@@ -309,25 +310,25 @@ func TestCheckWrite(t *testing.T) {
 func TestCheckAcquire(t *testing.T) {
 	ctx := context.Background()
 	const minTTL = time.Millisecond
-	if err := leasecore.CheckAcquire(ctx, "report-job", "holder-a", time.Second, minTTL); err != nil {
+	if err := backendkit.CheckAcquire(ctx, "report-job", "holder-a", time.Second, minTTL); err != nil {
 		t.Fatalf("CheckAcquire(good) = %v, want nil", err)
 	}
-	wantArgError(t, leasecore.CheckAcquire(ctx, "", "holder-a", time.Second, minTTL), "acquire", "name")
-	wantArgError(t, leasecore.CheckAcquire(ctx, "report-job", "holder-a ", time.Second, minTTL), "acquire", "holder")
-	wantArgError(t, leasecore.CheckAcquire(ctx, "report-job", "holder-a", 0, minTTL), "acquire", "ttl")
-	wantArgError(t, leasecore.CheckAcquire(ctx, "report-job", "holder-a", minTTL/2, minTTL), "acquire", "ttl")
+	wantArgError(t, backendkit.CheckAcquire(ctx, "", "holder-a", time.Second, minTTL), "acquire", "name")
+	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a ", time.Second, minTTL), "acquire", "holder")
+	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", 0, minTTL), "acquire", "ttl")
+	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", minTTL/2, minTTL), "acquire", "ttl")
 }
 
 func TestCheckInspect(t *testing.T) {
 	ctx := context.Background()
-	if err := leasecore.CheckInspect(ctx, "report-job"); err != nil {
+	if err := backendkit.CheckInspect(ctx, "report-job"); err != nil {
 		t.Fatalf("CheckInspect(good) = %v, want nil", err)
 	}
-	wantArgError(t, leasecore.CheckInspect(ctx, ""), "inspect", "name")
-	wantArgError(t, leasecore.CheckInspect(ctx, "report-job\x00"), "inspect", "name")
+	wantArgError(t, backendkit.CheckInspect(ctx, ""), "inspect", "name")
+	wantArgError(t, backendkit.CheckInspect(ctx, "report-job\x00"), "inspect", "name")
 	done, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := leasecore.CheckInspect(done, "report-job"); !errors.Is(err, context.Canceled) {
+	if err := backendkit.CheckInspect(done, "report-job"); !errors.Is(err, context.Canceled) {
 		t.Errorf("CheckInspect(cancelled ctx) = %v, want context.Canceled", err)
 	}
 }
@@ -340,7 +341,7 @@ func TestCheckGrant(t *testing.T) {
 	ctx := context.Background()
 	const minTTL = time.Millisecond
 	for _, op := range []string{"renew", "release"} {
-		if err := leasecore.CheckGrant(ctx, op, goodGrant(), minTTL); err != nil {
+		if err := backendkit.CheckGrant(ctx, op, goodGrant(), minTTL); err != nil {
 			t.Fatalf("CheckGrant(%s, good) = %v, want nil", op, err)
 		}
 		tests := []struct {
@@ -351,12 +352,12 @@ func TestCheckGrant(t *testing.T) {
 			{"holder", func(g *leasecore.Grant) { g.Holder = "\x00" }},
 			{"token", func(g *leasecore.Grant) { g.Token = 0 }},
 			{"ttl", func(g *leasecore.Grant) { g.TTL = 0 }},
-			{"ttl", func(g *leasecore.Grant) { g.TTL = leasecore.MaxTTL + 1 }},
+			{"ttl", func(g *leasecore.Grant) { g.TTL = backendkit.MaxTTL + 1 }},
 		}
 		for _, tc := range tests {
 			g := goodGrant()
 			tc.edit(&g)
-			err := leasecore.CheckGrant(ctx, op, g, minTTL)
+			err := backendkit.CheckGrant(ctx, op, g, minTTL)
 			wantArgError(t, err, op, tc.field)
 			if !strings.Contains(err.Error(), op) {
 				t.Errorf("message %q does not name the operation %q", err, op)
@@ -376,10 +377,10 @@ func TestChecksRejectDoneContext(t *testing.T) {
 		want error
 	}{{cancelled, context.Canceled}, {expired, context.DeadlineExceeded}} {
 		checks := map[string]error{
-			"CheckContext": leasecore.CheckContext("acquire", c.ctx),
-			"CheckAcquire": leasecore.CheckAcquire(c.ctx, "report-job", "holder-a", time.Second, 0),
-			"CheckGrant":   leasecore.CheckGrant(c.ctx, "renew", goodGrant(), 0),
-			"CheckWrite":   leasecore.CheckWrite(c.ctx, goodWrite()),
+			"CheckContext": backendkit.CheckContext("acquire", c.ctx),
+			"CheckAcquire": backendkit.CheckAcquire(c.ctx, "report-job", "holder-a", time.Second, 0),
+			"CheckGrant":   backendkit.CheckGrant(c.ctx, "renew", goodGrant(), 0),
+			"CheckWrite":   backendkit.CheckWrite(c.ctx, goodWrite()),
 		}
 		for name, err := range checks {
 			if !errors.Is(err, c.want) {
@@ -393,7 +394,7 @@ func TestChecksRejectDoneContext(t *testing.T) {
 			}
 		}
 	}
-	if err := leasecore.CheckContext("acquire", context.Background()); err != nil {
+	if err := backendkit.CheckContext("acquire", context.Background()); err != nil {
 		t.Errorf("CheckContext(Background) = %v, want nil", err)
 	}
 }
@@ -405,44 +406,7 @@ func TestCheckArgumentsBeforeContext(t *testing.T) {
 	cancel()
 	w := goodWrite()
 	w.Token = 0
-	wantArgError(t, leasecore.CheckWrite(ctx, w), "write", "token")
-}
-
-func TestArgErrorMessage(t *testing.T) {
-	e := &leasecore.ArgError{Op: "new session", Field: "lease", Reason: "must not be nil"}
-	if got, want := e.Error(), "leasecore: new session: invalid lease: must not be nil"; got != want {
-		t.Errorf("Error() = %q, want %q", got, want)
-	}
-	e = &leasecore.ArgError{Op: "acquire", Field: "ttl", Value: "0s", Reason: "must be positive"}
-	if got, want := e.Error(), "leasecore: acquire: invalid ttl 0s: must be positive"; got != want {
-		t.Errorf("Error() = %q, want %q", got, want)
-	}
-}
-
-func TestHoldError(t *testing.T) {
-	e := &leasecore.HoldError{Op: "renew", Name: "report-job", Holder: "holder-a", Token: 1,
-		Reason: "expired", Err: leasecore.ErrLost}
-	if !errors.Is(e, leasecore.ErrLost) || errors.Is(e, leasecore.ErrHeld) {
-		t.Errorf("HoldError wrapping ErrLost: Is(ErrLost)=%v Is(ErrHeld)=%v", errors.Is(e, leasecore.ErrLost), errors.Is(e, leasecore.ErrHeld))
-	}
-	msg := e.Error()
-	for _, s := range []string{"renew", `"report-job"`, `"holder-a"`, "token 1", "expired", leasecore.ErrLost.Error()} {
-		if !strings.Contains(msg, s) {
-			t.Errorf("message %q does not contain %q", msg, s)
-		}
-	}
-	e = &leasecore.HoldError{Op: "acquire", Name: "report-job", Holder: "holder-b", Err: leasecore.ErrHeld}
-	if strings.Contains(e.Error(), "token") {
-		t.Errorf("acquire message %q mentions a token though none was presented", e.Error())
-	}
-}
-
-func TestGrantLocalDeadline(t *testing.T) {
-	start := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
-	g := leasecore.Grant{TTL: 1500 * time.Millisecond, Start: start}
-	if got, want := g.LocalDeadline(300*time.Millisecond), start.Add(1200*time.Millisecond); !got.Equal(want) {
-		t.Errorf("LocalDeadline = %v, want %v", got, want)
-	}
+	wantArgError(t, backendkit.CheckWrite(ctx, w), "write", "token")
 }
 
 // TestCheckNameASCIIFastPath compares CheckName, whose printable-ASCII
@@ -451,7 +415,7 @@ func TestGrantLocalDeadline(t *testing.T) {
 // DEL at any position included) and some non-ASCII bytes.
 func TestCheckNameASCIIFastPath(t *testing.T) {
 	rules := func(v string) bool {
-		if v == "" || len(v) > leasecore.MaxNameLen || !utf8.ValidString(v) ||
+		if v == "" || len(v) > backendkit.MaxNameLen || !utf8.ValidString(v) ||
 			strings.TrimSpace(v) == "" || strings.TrimSpace(v) != v {
 			return false
 		}
@@ -474,7 +438,7 @@ func TestCheckNameASCIIFastPath(t *testing.T) {
 			}
 		}
 		v := string(b)
-		if got, want := leasecore.CheckName("op", "name", v) == nil, rules(v); got != want {
+		if got, want := backendkit.CheckName("op", "name", v) == nil, rules(v); got != want {
 			t.Fatalf("CheckName(%q) accepts: %v, the rules say %v", v, got, want)
 		}
 	}

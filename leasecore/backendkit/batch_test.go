@@ -1,20 +1,22 @@
-package leasecore_test
+package backendkit_test
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
 func TestCheckBatch(t *testing.T) {
 	ok := leasecore.Batch{Scope: "daily-report", Writer: "holder-a", Token: 1,
 		Parts: []leasecore.PartContent{{Part: "summary", Content: "s"}, {Part: "detail", Content: "d"}}}
-	half := strings.Repeat("x", leasecore.MaxContentLen/2+1)
-	many := make([]leasecore.PartContent, leasecore.MaxBatchParts+1)
+	half := strings.Repeat("x", backendkit.MaxContentLen/2+1)
+	many := make([]leasecore.PartContent, backendkit.MaxBatchParts+1)
 	for i := range many {
 		many[i] = leasecore.PartContent{Part: "p" + strings.Repeat("x", i)}
 	}
@@ -36,7 +38,7 @@ func TestCheckBatch(t *testing.T) {
 			b := ok
 			b.Parts = append([]leasecore.PartContent(nil), ok.Parts...)
 			tc.edit(&b)
-			err := leasecore.CheckBatch(context.Background(), b)
+			err := backendkit.CheckBatch(context.Background(), b)
 			var ae *leasecore.ArgError
 			if !errors.Is(err, leasecore.ErrInvalidArgument) || !errors.As(err, &ae) || ae.Field != tc.field {
 				t.Fatalf("CheckBatch = %v, want an ArgError on field %q", err, tc.field)
@@ -46,12 +48,12 @@ func TestCheckBatch(t *testing.T) {
 			}
 		})
 	}
-	if err := leasecore.CheckBatch(context.Background(), ok); err != nil {
+	if err := backendkit.CheckBatch(context.Background(), ok); err != nil {
 		t.Fatalf("valid batch: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := leasecore.CheckBatch(ctx, ok); !errors.Is(err, context.Canceled) {
+	if err := backendkit.CheckBatch(ctx, ok); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled context: %v", err)
 	}
 }
@@ -71,11 +73,57 @@ func TestCheckRenewAll(t *testing.T) {
 		{"bad ttl", "grants[0].ttl", []leasecore.Grant{{Name: "a", Holder: "h1", Token: 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := leasecore.CheckRenewAll(context.Background(), tc.gs, time.Millisecond)
+			err := backendkit.CheckRenewAll(context.Background(), tc.gs, time.Millisecond)
 			var ae *leasecore.ArgError
 			if !errors.As(err, &ae) || ae.Field != tc.field || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("CheckRenewAll = %v, want an ArgError on field %q", err, tc.field)
 			}
 		})
 	}
+}
+
+func TestCheckAcquireAll(t *testing.T) {
+	ctx := context.Background()
+	tooMany := shardNames(backendkit.MaxAcquireAll + 1)
+	for _, tc := range []struct {
+		name, field string
+		names       []string
+		holder      string
+		ttl         time.Duration
+	}{
+		{"no names", "names", nil, "holder-a", time.Second},
+		{"too many names", "names", tooMany, "holder-a", time.Second},
+		{"empty name", "names[1]", []string{"a", ""}, "holder-a", time.Second},
+		{"name with NUL", "names[0]", []string{"a\x00b"}, "holder-a", time.Second},
+		{"name with surrounding space", "names[2]", []string{"a", "b", " c"}, "holder-a", time.Second},
+		{"repeated name", "names[2]", []string{"a", "b", "a"}, "holder-a", time.Second},
+		{"bad holder", "holder", []string{"a"}, "", time.Second},
+		{"ttl below the minimum", "ttl", []string{"a"}, "holder-a", time.Microsecond},
+		{"ttl too long", "ttl", []string{"a"}, "holder-a", backendkit.MaxTTL + 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := backendkit.CheckAcquireAll(ctx, tc.names, tc.holder, tc.ttl, time.Millisecond)
+			wantArgError(t, err, "acquire all", tc.field)
+		})
+	}
+	if err := backendkit.CheckAcquireAll(ctx, shardNames(backendkit.MaxAcquireAll), "holder-a", time.Second, time.Millisecond); err != nil {
+		t.Fatalf("MaxAcquireAll names: %v", err)
+	}
+	err := backendkit.CheckAcquireAll(ctx, []string{"a", "a"}, "holder-a", time.Second, 0)
+	if !strings.Contains(err.Error(), "repeats names[0]") {
+		t.Errorf("repeated name: %q does not say which it repeats", err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := backendkit.CheckAcquireAll(cctx, []string{"a"}, "holder-a", time.Second, 0); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
+	}
+}
+
+func shardNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("shard-%d", i)
+	}
+	return names
 }

@@ -1,13 +1,14 @@
-package leasecore
+package backendkit
 
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
+
+	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/internal/validate"
 )
 
 // Limits shared by every backend. Backends may declare stricter ones (a
@@ -25,13 +26,26 @@ const (
 	MaxTTL = 24 * time.Hour
 )
 
+// MaxToken is the largest token any backend issues or accepts. Tokens live
+// in signed 64-bit columns (PostgreSQL bigint, etcd revisions), whose
+// largest value, leasecore.SealedFloor, is reserved for the floor of a
+// sealed scope: MaxToken is one less, so that every claim is below a sealed
+// floor.
+const MaxToken leasecore.Token = leasecore.SealedFloor - 1
+
+// arg wraps a shared rule's problem in the *leasecore.ArgError of op; no
+// problem is a nil error.
+func arg(op string, p *validate.Problem) error {
+	if p == nil {
+		return nil
+	}
+	return &leasecore.ArgError{Op: op, Field: p.Field, Value: p.Value, Reason: p.Reason}
+}
+
 // CheckContext returns an error wrapping ctx.Err() when ctx is already done,
 // so an operation fails before it sends or writes anything.
 func CheckContext(op string, ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("leasecore: %s: ctx: %w", op, err)
-	}
-	return nil
+	return validate.Context(op, ctx)
 }
 
 // CheckName validates an identifier: a lease name, holder, scope, part or
@@ -41,69 +55,25 @@ func CheckContext(op string, ctx context.Context) error {
 // "holder-a" would be two holders that look the same in every log).
 // Anything else, SQL-looking text included, is stored verbatim.
 func CheckName(op, field, v string) error {
-	// The common case, printable ASCII, in one pass over the bytes: it
-	// decides every rule at once (the only ASCII whitespace that is not a
-	// control character is ' '). RenewAll checks two names per grant,
-	// thousands per second in a busy process.
-	if n := len(v); n > 0 && n <= MaxNameLen && v[0] != ' ' && v[n-1] != ' ' {
-		i := 0
-		for i < n && v[i] >= 0x20 && v[i] < 0x7f {
-			i++
-		}
-		if i == n {
-			return nil
-		}
-	}
-	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: field, Value: Quote(v), Reason: reason}
-	}
-	switch {
-	case v == "":
-		return &ArgError{Op: op, Field: field, Reason: "must not be empty"}
-	case len(v) > MaxNameLen:
-		return bad(fmt.Sprintf("is %d bytes, longer than %d", len(v), MaxNameLen))
-	case !utf8.ValidString(v):
-		return bad("is not valid UTF-8")
-	case strings.TrimSpace(v) == "":
-		return bad("must not be only whitespace")
-	case strings.TrimSpace(v) != v:
-		return bad("must not begin or end with whitespace")
-	}
-	for _, r := range v {
-		if unicode.IsControl(r) {
-			return bad(fmt.Sprintf("contains control character %U", r))
-		}
-	}
-	return nil
+	return arg(op, validate.Name(field, v))
 }
 
 // CheckTTL validates a TTL against the shared bounds and the backend's
 // minimum.
 func CheckTTL(op string, ttl, minTTL time.Duration) error {
-	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: "ttl", Value: ttl.String(), Reason: reason}
-	}
-	switch {
-	case ttl <= 0:
-		return bad("must be positive")
-	case ttl < minTTL:
-		return bad(fmt.Sprintf("is below this backend's minimum %v", minTTL))
-	case ttl > MaxTTL:
-		return bad(fmt.Sprintf("is above the maximum %v", MaxTTL))
-	}
-	return nil
+	return arg(op, validate.TTL(ttl, minTTL))
 }
 
-// CheckToken validates a token: 1..MaxToken. SealedFloor, one above
-// MaxToken, is refused too: it is the floor of a sealed scope, and a claim
-// with it would pass that floor.
-func CheckToken(op string, t Token) error {
+// CheckToken validates a token: 1..MaxToken. leasecore.SealedFloor, one
+// above MaxToken, is refused too: it is the floor of a sealed scope, and a
+// claim with it would pass that floor.
+func CheckToken(op string, t leasecore.Token) error {
 	switch {
 	case t == 0:
-		return &ArgError{Op: op, Field: "token", Value: "0", Reason: "must be positive (0 is never issued)"}
+		return &leasecore.ArgError{Op: op, Field: "token", Value: "0", Reason: "must be positive (0 is never issued)"}
 	case t > MaxToken:
-		return &ArgError{Op: op, Field: "token", Value: t.String(),
-			Reason: fmt.Sprintf("is above the largest token %d (%d is reserved: the floor of a sealed scope)", MaxToken, SealedFloor)}
+		return &leasecore.ArgError{Op: op, Field: "token", Value: t.String(),
+			Reason: fmt.Sprintf("is above the largest token %d (%d is reserved: the floor of a sealed scope)", MaxToken, leasecore.SealedFloor)}
 	}
 	return nil
 }
@@ -142,7 +112,7 @@ func CheckInspect(ctx context.Context, name string) error {
 }
 
 // CheckGrant validates a grant passed to Renew or Release (op).
-func CheckGrant(ctx context.Context, op string, g Grant, minTTL time.Duration) error {
+func CheckGrant(ctx context.Context, op string, g leasecore.Grant, minTTL time.Duration) error {
 	if err := CheckName(op, "name", g.Name); err != nil {
 		return err
 	}
@@ -164,7 +134,7 @@ func CheckGrant(ctx context.Context, op string, g Grant, minTTL time.Duration) e
 // CheckWrite validates a fenced write: scope, part and writer as names, a
 // non-zero token, a valid space (CheckSpace). Content may be empty; it must be
 // valid UTF-8 without NUL bytes and at most MaxContentLen bytes.
-func CheckWrite(ctx context.Context, w Write) error {
+func CheckWrite(ctx context.Context, w leasecore.Write) error {
 	const op = "write"
 	for _, f := range []struct{ field, v string }{
 		{"scope", w.Scope}, {"part", w.Part}, {"writer", w.Writer},
@@ -190,7 +160,7 @@ func CheckContent(op, content string) error { return checkContent(op, "content",
 
 func checkContent(op, field, content string) error {
 	bad := func(reason string) error {
-		return &ArgError{Op: op, Field: field, Value: Quote(content), Reason: reason}
+		return &leasecore.ArgError{Op: op, Field: field, Value: Quote(content), Reason: reason}
 	}
 	switch {
 	case len(content) > MaxContentLen:
@@ -204,18 +174,8 @@ func checkContent(op, field, content string) error {
 }
 
 // Quote returns v quoted for an error message, shortened to 40 runes, as
-// ArgError and HoldError show values; a backend's own messages and checks
-// (the conformance suite's) use it to show values the same way. It
-// looks at no more than the first 41 runes: v may be an over-long input
-// that is being rejected for its size.
-func Quote(v string) string {
-	const max = 40
-	n := 0
-	for i := range v {
-		if n == max {
-			return strconv.Quote(v[:i]) + "..."
-		}
-		n++
-	}
-	return strconv.Quote(v)
-}
+// leasecore.ArgError and leasecore.HoldError show values; a backend's own
+// messages and checks (the conformance suite's) use it to show values the
+// same way. It looks at no more than the first 41 runes: v may be an
+// over-long input that is being rejected for its size.
+func Quote(v string) string { return validate.Quote(v) }
