@@ -13,7 +13,7 @@ import (
 // once a leads, for "b" on leasesB (another client of the same lease
 // service), with TTL ttl and poll interval poll. a's function returns after
 // b was refused and has waited a while; b must then lead with a larger
-// token. With woken, the lease clients are leasecore.Waiters that can wait:
+// token. With woken, the lease clients are backendkit.Waiters that can wait:
 // b must lead within ttl/4 of a's return (a poll pauses at least poll/2,
 // so pass a poll far above that) and its campaign must not have retried
 // after an error. It returns the hand-off time.
