@@ -46,20 +46,20 @@ type frozenTxSpec struct {
 // stdin before it writes a line and returns (the parent freezes it there).
 // It then prints the outcome of RunTx.
 func frozenTxHolderMain() int {
-	var spec frozenTxSpec
-	if err := json.Unmarshal([]byte(os.Getenv(frozenTxEnv)), &spec); err != nil {
+	var holder frozenTxSpec
+	if err := json.Unmarshal([]byte(os.Getenv(frozenTxEnv)), &holder); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	ctx := context.Background()
-	pool, err := pgopen.Open(ctx, spec.Driver, spec.DSN, 2)
+	pool, err := pgopen.Open(ctx, holder.Driver, holder.DSN, 2)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	defer pool.Close()
 	var fence *fencepg.Fence
-	opt := fencepg.WithTimeouts(0, spec.Idle)
+	opt := fencepg.WithTimeouts(0, holder.Idle)
 	if pool.Pgx != nil {
 		fence, err = fencepg.NewFence(pool.Pgx, opt)
 	} else {
