@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -141,4 +142,46 @@ func foundIn(block []string, sources map[string][]string) bool {
 		}
 	}
 	return false
+}
+
+// TestNoUnfollowableReferences: code, docs and the Makefile cite what a
+// reader can follow (a conformance case, a docs page, a SOURCES.md entry),
+// never a tracker's issue number or a design file the repository does not
+// have. evidence/ holds recorded output and is left as it was recorded.
+func TestNoUnfollowableReferences(t *testing.T) {
+	root := ".."
+	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
+		t.Skip("not in a checkout of the repository: no go.work one level up")
+	}
+	// Built from pieces so that this file does not match itself.
+	bad := regexp.MustCompile(`(?i)issue [0-9]|` + "SP" + `EC F`)
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "evidence") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if ext := filepath.Ext(name); ext != ".go" && ext != ".md" && name != "Makefile" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			if bad.MatchString(line) {
+				rel, _ := filepath.Rel(root, path)
+				t.Errorf("%s:%d: %q: cite the behaviour, a conformance case, a docs page or a SOURCES.md entry instead", rel, i+1, strings.TrimSpace(line))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
