@@ -74,6 +74,16 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 // with a read of the floor followed by a separate write (the
 // check-then-write race, etcdcontrol.Controls.CheckThenWrite).
 //
+// The first write of a new token raises the floor in a request of its own
+// (as Fence.Advance) before the guarded write, and that raise stays when
+// the write is then rejected (a newer token advanced the floor in between)
+// or fails (ctx ended, connection lost): Write returns the rejection or the
+// error with the floor raised to w.Token. What took effect then is safe —
+// the raise cuts off the holders of older tokens — and nothing of the part
+// was written, unless the error came after the write's own request was
+// sent: then, as for Fence.Commit, the outcome is unknown, and ReadPart
+// tells (the part's record names its writer, token and content).
+//
 // An equal token is accepted (the same holding period writing again); a
 // lower one is rejected whichever part it targets, and the floor and the
 // part are left alone. A rejection is a Result, not an error (but for a
