@@ -27,6 +27,9 @@ import (
 // at expiry both are, so a waiting leasecore.Campaign takes over as soon as
 // the key is gone. It is safe for concurrent use.
 //
+// Call Close when done with the store, and before closing its client (see
+// NewLeaseStore).
+//
 // # Shared leases
 //
 // With WithSharedLeases the store keeps, per holder and TTL, one etcd lease
@@ -92,8 +95,12 @@ var (
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
 // set by WithPrefix, sharing one etcd lease per holder with
 // WithSharedLeases. A nil cli or an invalid prefix returns a
-// *leasecore.ArgError. The caller keeps ownership of cli and closes it,
-// after Close.
+// *leasecore.ArgError. The caller keeps ownership of cli and closes it —
+// after calling the store's Close, which needs the client: Close waits for
+// the store's clean-ups still running in the background (the best-effort
+// revoke or delete after a failed call) and, with shared leases, revokes
+// them. With the client closed first they fail, and the keys and etcd
+// leases they would have removed stay until their TTL runs out.
 func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	const op = "new lease store"
 	if cli == nil {
