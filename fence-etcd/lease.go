@@ -99,8 +99,9 @@ var (
 // after calling the store's Close, which needs the client: Close waits for
 // the store's clean-ups still running in the background (the best-effort
 // revoke or delete after a failed call) and, with shared leases, revokes
-// them. With the client closed first they fail, and the keys and etcd
-// leases they would have removed stay until their TTL runs out.
+// the holders' shared etcd leases. With the client closed first these
+// requests fail, and the keys and etcd leases they would have removed stay
+// until their TTL runs out.
 func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	const op = "new lease store"
 	if cli == nil {
