@@ -25,7 +25,7 @@ const cleanupParallel = 32
 //
 // With WithSharedLeases every name of the batch is put with the holder's
 // one shared etcd lease of ttl (granted or refreshed first when needed, as
-// for Acquire: see sharedLease), 127 names (MaxTxnOps-1) per transaction:
+// for Acquire: see LeaseStore), 127 names (MaxTxnOps-1) per transaction:
 //
 //	If(CreateRevision(key_1) == 0, ..., CreateRevision(key_n) == 0).
 //	Then(Put(key_1, holder, WithLease(id)), ..., Put(key_n, holder, WithLease(id)),
@@ -42,15 +42,15 @@ const cleanupParallel = 32
 // revision of each key, as Acquire's token — so the names of one
 // transaction share one token value. That loses nothing: a token is
 // compared only with tokens of the same name (a fence per scope), and each
-// name's tokens stay strictly increasing, since every create of its key
-// has a larger revision than every earlier one. Grant.Start is the shared
-// lease's refresh start, exactly as Acquire's in shared mode (see
-// acquireShared's SAFETY RULE): the keys live only as long as the shared
-// lease, which may expire before (this call) + ttl. When the compare fails
-// (some key of the transaction exists: held by anyone, or not yet deleted
-// by the lessor), that transaction's names are acquired one by one with
-// Acquire, which grants the free ones and refuses the others with ErrHeld.
-// 1000 new names thus cost 8 transactions instead of 1000.
+// name's tokens stay strictly increasing, since every create of its key has
+// a larger revision than every earlier one. Grant.Start is the shared
+// lease's refresh start, exactly as Acquire's in shared mode (see Acquire):
+// the keys live only as long as the shared lease, which may expire before
+// (this call) + ttl. When the compare fails (some key of the transaction
+// exists: held by anyone, or not yet deleted by the lessor), that
+// transaction's names are acquired one by one with Acquire, which grants
+// the free ones and refuses the others with ErrHeld. 1000 new names thus
+// cost 8 transactions instead of 1000.
 //
 // Without shared leases every name needs an etcd lease of its own (one
 // Grant each, which a transaction cannot carry), so AcquireAll is one
@@ -62,13 +62,13 @@ const cleanupParallel = 32
 // store closed (ErrStoreClosed), or a shared-mode transaction, or the
 // shared lease it needs, that failed (etcd unavailable, ctx done) — and
 // then the caller holds none of the names: the keys of a transaction whose
-// outcome is unknown are deleted again if it created them (unputIfOurs, as
-// Acquire does), and the names this call granted before the failure are
-// released, both best effort, under ctx while it lasts and then in the
-// background for up to 2 seconds (see Acquire), so the call itself returns
-// when ctx ends; a later Acquire or AcquireAll of one of those names through
-// this store waits for its clean-up first. A key either clean-up missed
-// lapses with the shared lease when the holder stops renewing.
+// outcome is unknown are deleted again if it created them (as Acquire
+// does), and the names this call granted before the failure are released,
+// both best effort, under ctx while it lasts and then in the background for
+// up to 2 seconds (see Acquire), so the call itself returns when ctx ends;
+// a later Acquire or AcquireAll of one of those names through this store
+// waits for its clean-up first. A key either clean-up missed lapses with
+// the shared lease when the holder stops renewing.
 func (s *LeaseStore) AcquireAll(ctx context.Context, names []string, holder string, ttl time.Duration) (grants []leasecore.Grant, errs []error, err error) {
 	const op = "acquire all"
 	if err := backendkit.CheckAcquireAll(ctx, names, holder, ttl, MinTTL); err != nil {

@@ -33,7 +33,7 @@ func ExampleOutbox() {
 	}
 	var claim leasecore.Claim // g.Claim("daily-report") after fence.Advance (see ExampleFence_Commit)
 
-	entry, err := outbox.Op(claim, "report-published", []byte(`{"day":"2026-12-03"}`))
+	entry, err := outbox.Add(claim, "report-published", []byte(`{"day":"2026-12-03"}`))
 	if err != nil {
 		log.Fatal(err)
 	}

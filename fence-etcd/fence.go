@@ -240,6 +240,31 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // three requests — which fails only if a newer token advanced the floor in
 // between (rejected). See Fence for why I3 holds.
 //
+// That advance is a request of its own, and it stays applied whatever
+// follows: when the guarded transaction sent after it is rejected (a newer
+// token advanced the floor in between) or fails (ctx ended, connection
+// lost), Commit returns the rejection or the error although it raised the
+// floor to c.Token. What took effect then is safe — the raise cuts off the
+// holders of older tokens, as the claim's own Advance would have — and
+// nothing of t was applied, unless the error came after the guarded
+// transaction was sent (see below).
+//
+// An error after a request was sent — ctx ended, the connection was lost,
+// no leader: an error wrapping the context's or leasecore.ErrUnavailable —
+// leaves the outcome unknown: etcd may have applied t, or not, before the
+// answer was lost. Commit does not retry, and the attempt log cannot tell:
+// it records accepted attempts only with leasecore.LogAll, and a record
+// names the writer, the token and the writer's clock, which nothing
+// returned to the caller distinguishes from another Commit of the same
+// claim. The caller resolves it with its own keys: read back a key t
+// writes (a value, or a mod revision, only this attempt can have written),
+// or make t idempotent with a compare on its own key in t.If (e.g.
+// Version(key) == 0 for a create, Value(key) != the new value for an
+// update) and call Commit again with the same claim: accepted with
+// Succeeded false in t's response means t's change is there already (an
+// earlier attempt applied it, when nothing else writes that key). A
+// rejection of that retry leaves reading the key back as the answer.
+//
 // t must not write the fence's keys (floors and attempt logs under the
 // prefix); such a t, like bad claims and a done context, returns a
 // *leasecore.ArgError before anything is sent. A transaction etcd refuses

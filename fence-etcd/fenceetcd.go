@@ -173,10 +173,19 @@ const MinTTL = time.Second
 // pkg prefixes the messages of errors from etcd.
 const pkg = "fenceetcd"
 
-// Option configures NewLeaseStore, NewFence, NewResource and
-// etcdcontrol.New. Make one with WithPrefix, WithSharedLeases or
-// WithAttemptLog.
-type Option func(*etcdkv.Options)
+// Option configures NewLeaseStore, NewFence, NewResource, NewOutbox and
+// etcdcontrol.New. Make one with WithPrefix, WithSharedLeases,
+// WithAttemptLog, WithFenceObserver or WithLogger; each says which
+// constructors read it, and the others ignore it.
+type Option func(*config)
+
+// config is what the options set. It is etcdkv's settings under a name of
+// this package's own, so that the godoc of Option names nothing a user
+// cannot see, while etcdcontrol.New, which cannot see config, still gets
+// the same settings (see etcdkv.RegisterOptions).
+type config etcdkv.Options
+
+func init() { etcdkv.RegisterOptions(options) }
 
 // WithPrefix sets the prefix of every key the store writes (default
 // "/leasefence"). It must begin with "/" and not end with "/"; otherwise
@@ -184,7 +193,7 @@ type Option func(*etcdkv.Options)
 // store and a resource with the same prefix share nothing but the prefix:
 // their keys differ in the segment after it.
 func WithPrefix(prefix string) Option {
-	return func(o *etcdkv.Options) { o.Prefix = prefix }
+	return func(c *config) { c.Prefix = prefix }
 }
 
 // WithSharedLeases makes NewLeaseStore attach all names of one holder (and
@@ -214,7 +223,7 @@ func WithPrefix(prefix string) Option {
 // lease keys only through Release or TakeOver: a key deleted by hand is
 // reported renewed by RenewAll until the holder's next full check.
 func WithSharedLeases() Option {
-	return func(o *etcdkv.Options) { o.SharedLeases = true }
+	return func(c *config) { c.SharedLeases = true }
 }
 
 // WithAttemptLog sets which fence checks NewFence and NewResource record
@@ -230,17 +239,17 @@ func WithSharedLeases() Option {
 // rejection is known, in every mode but leasecore.LogNone (see
 // Fence.Commit).
 func WithAttemptLog(mode leasecore.AttemptLog) Option {
-	return func(o *etcdkv.Options) { o.AttemptLog = mode }
+	return func(c *config) { c.AttemptLog = mode }
 }
 
 // options applies opts and validates the result.
 func options(op string, opts []Option) (etcdkv.Options, etcdkv.Layout, error) {
-	o := etcdkv.NewOptions()
+	c := config(etcdkv.NewOptions())
 	for _, f := range opts {
-		f(&o)
+		f(&c)
 	}
-	l, err := etcdkv.NewLayout(op, o)
-	return o, l, err
+	l, err := etcdkv.NewLayout(op, etcdkv.Options(c))
+	return etcdkv.Options(c), l, err
 }
 
 // checkWholeSeconds rejects a TTL that is not a whole number of seconds.

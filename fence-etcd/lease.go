@@ -27,6 +27,9 @@ import (
 // at expiry both are, so a waiting leasecore.Campaign takes over as soon as
 // the key is gone. It is safe for concurrent use.
 //
+// Call Close when done with the store, and before closing its client (see
+// NewLeaseStore).
+//
 // # Shared leases
 //
 // With WithSharedLeases the store keeps, per holder and TTL, one etcd lease
@@ -92,8 +95,13 @@ var (
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
 // set by WithPrefix, sharing one etcd lease per holder with
 // WithSharedLeases. A nil cli or an invalid prefix returns a
-// *leasecore.ArgError. The caller keeps ownership of cli and closes it,
-// after Close.
+// *leasecore.ArgError. The caller keeps ownership of cli and closes it —
+// after calling the store's Close, which needs the client: Close waits for
+// the store's clean-ups still running in the background (the best-effort
+// revoke or delete after a failed call) and, with shared leases, revokes
+// the holders' shared etcd leases. With the client closed first these
+// requests fail, and the keys and etcd leases they would have removed stay
+// until their TTL runs out.
 func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	const op = "new lease store"
 	if cli == nil {
@@ -136,8 +144,8 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // a branch it does not run (the request carries them, through its log), so
 // the Else would slow down every successful acquire — measured at a few
 // percent of an acquire+release — to save a read on the refusal path. The
-// refusal itself is decided by the transaction; the Get only describes it
-// and may find the name released again by then (see heldReason).
+// refusal itself is decided by the transaction; the Get only describes it,
+// in the HoldError's Reason, and may find the name released again by then.
 //
 // Grant.TTL is ttl even when the server granted more (it raises a TTL below
 // its minimum): the holder's local deadline then falls even earlier before
@@ -149,10 +157,14 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 // holder's shared etcd lease instead, granted or refreshed only when needed
 // (see LeaseStore), and a refused acquire leaves the shared lease alone.
 // Grant.Start is then the shared lease's refresh start, which may be up to
-// TTL/3 before the call (see acquireShared). An error after the transaction
-// was sent, when it may have been applied, deletes the key again if it
-// carries this holder and the shared lease (best effort), so no name is held
-// without the holder knowing — and kept alive by its other names' renewals.
+// TTL/3 before the call: the key lives exactly as long as the shared lease,
+// which expires TTL after its last refresh, possibly before (this call) +
+// TTL, and Start + TTL must never be later than the real expiry (see
+// WithSharedLeases for a caller that replaces Start). An error after the
+// transaction was sent, when it may have been applied, deletes the key
+// again if it carries this holder and the shared lease (best effort), so no
+// name is held without the holder knowing — and kept alive by its other
+// names' renewals.
 //
 // Clean-up never makes Acquire late. The revoke of a refused or failed
 // acquire's etcd lease, and the delete of a key whose transaction's answer

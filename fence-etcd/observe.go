@@ -3,7 +3,6 @@ package fenceetcd
 import (
 	"log/slog"
 
-	"github.com/leasefence/leasefence/fence-etcd/internal/etcdkv"
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
@@ -21,14 +20,14 @@ import (
 // block. Without one, the accepted path does nothing more than test that
 // none is set.
 func WithFenceObserver(f func(leasecore.FenceEvent)) Option {
-	return func(o *etcdkv.Options) {
+	return func(c *config) {
 		if f != nil {
-			prev := o.FenceObserver
+			prev := c.FenceObserver
 			if prev == nil {
-				o.FenceObserver = f
+				c.FenceObserver = f
 				return
 			}
-			o.FenceObserver = func(ev leasecore.FenceEvent) { prev(ev); f(ev) }
+			c.FenceObserver = func(ev leasecore.FenceEvent) { prev(ev); f(ev) }
 		}
 	}
 }

@@ -22,7 +22,7 @@ import (
 // The call sequence: the entry's operation in the Then of the Txn that
 // Fence.Commit runs for the same claim,
 //
-//	entry, err := outbox.Op(claim, "report-published", payload)
+//	entry, err := outbox.Add(claim, "report-published", payload)
 //	if err != nil { ... }
 //	res, _, err := fence.Commit(ctx, claim, fenceetcd.Txn{Then: []clientv3.Op{
 //		clientv3.OpPut("/app/report/2026-12-03", report), entry,
@@ -45,7 +45,7 @@ import (
 // What it guarantees:
 //
 //   - An entry exists only if a transaction applied it with the scope's
-//     floor equal to its token: Op's operation is itself guarded (a nested
+//     floor equal to its token: Add's operation is itself guarded (a nested
 //     Txn under Fence.Guard of the claim), so inside Commit it is applied
 //     with the caller's keys, atomically, and a stale holder's Commit is
 //     rejected whole, entry included — and even in a Txn of the caller's
@@ -86,7 +86,7 @@ type Outbox struct {
 
 // NewOutbox returns the outbox on cli, with keys under the prefix set by
 // WithPrefix: use the prefix of the Fence whose Commit writes the entries
-// (Op's guard reads that Fence's floor). The other options are ignored. A
+// (Add's guard reads that Fence's floor). The other options are ignored. A
 // nil cli or an invalid prefix returns a *leasecore.ArgError. The caller
 // keeps ownership of cli and closes it.
 func NewOutbox(cli *clientv3.Client, opts ...Option) (*Outbox, error) {
@@ -101,11 +101,12 @@ func NewOutbox(cli *clientv3.Client, opts ...Option) (*Outbox, error) {
 	return &Outbox{kv: cli.KV, layout: l}, nil
 }
 
-// Op returns the operation that records an entry for claim c — topic,
-// payload, and c's scope, writer and token as the entry's version — for
-// the Then of the Txn that Fence.Commit runs for the same claim c (or a
-// Txn of the caller's guarded by Fence.Guard(c)). It sends nothing; each
-// call draws a new entry ID.
+// Add records an entry for claim c — topic, payload, and c's scope, writer
+// and token as the entry's version — as fencepg's Outbox.Add does, but in
+// etcd's way: it returns the operation that records it, for the Then of the
+// Txn that Fence.Commit runs for the same claim c (or a Txn of the caller's
+// guarded by Fence.Guard(c)). It sends nothing, and the entry exists only
+// once that Txn is applied; each call draws a new entry ID.
 //
 // The operation is a nested transaction that puts the entry only if the
 // scope's floor equals c.Token — Fence.Guard(c) — so an entry can never be
@@ -117,8 +118,8 @@ func NewOutbox(cli *clientv3.Client, opts ...Option) (*Outbox, error) {
 // as usual).
 //
 // Bad input (see backendkit.CheckOutboxEntry) returns a *leasecore.ArgError.
-func (o *Outbox) Op(c leasecore.Claim, topic string, payload []byte) (clientv3.Op, error) {
-	const op = "outbox op"
+func (o *Outbox) Add(c leasecore.Claim, topic string, payload []byte) (clientv3.Op, error) {
+	const op = "outbox add"
 	if err := backendkit.CheckOutboxEntry(context.Background(), op, c, topic, payload); err != nil {
 		return clientv3.Op{}, err
 	}

@@ -72,7 +72,17 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 // compare and the branch it selects as one atomic step in its serial apply
 // loop: no other write can fall between the check and the write, as it can
 // with a read of the floor followed by a separate write (the
-// check-then-write race, etcdcontrol.CheckThenWrite).
+// check-then-write race, etcdcontrol.Controls.CheckThenWrite).
+//
+// The first write of a new token raises the floor in a request of its own
+// (as Fence.Advance) before the guarded write, and that raise stays when
+// the write is then rejected (a newer token advanced the floor in between)
+// or fails (ctx ended, connection lost): Write returns the rejection or the
+// error with the floor raised to w.Token. What took effect then is safe —
+// the raise cuts off the holders of older tokens — and nothing of the part
+// was written, unless the error came after the write's own request was
+// sent: then, as for Fence.Commit, the outcome is unknown, and ReadPart
+// tells (the part's record names its writer, token and content).
 //
 // An equal token is accepted (the same holding period writing again); a
 // lower one is rejected whichever part it targets, and the floor and the
@@ -107,11 +117,11 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 // none, in one atomic step. Each part's record is encoded as in Write.
 //
 // The batch logs ONE attempt key, whose record lists all its parts (an
-// etcdkv.AttemptRecord with "parts" instead of "part"); Attempts expands it
-// into one leasecore.Attempt per part, in the batch's order, so a reader
-// sees one entry per part, as on PostgreSQL. A batch is one attempt: all
-// its parts share one outcome. (One key per part would also not fit:
-// etcd allows at most 128 operations per transaction by default.)
+// attempt record with "parts" instead of "part", see Resource); Attempts
+// expands it into one leasecore.Attempt per part, in the batch's order, so
+// a reader sees one entry per part, as on PostgreSQL. A batch is one
+// attempt: all its parts share one outcome. (One key per part would also
+// not fit: etcd allows at most 128 operations per transaction by default.)
 //
 // backendkit.CheckBatch limits the content to backendkit.MaxContentLen in all,
 // which as base64 with its records stays below etcd's default request limit

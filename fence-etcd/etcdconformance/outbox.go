@@ -14,7 +14,7 @@ import (
 
 // The suite's fenced outbox (conformance.OutboxResources, F9b) on etcd: the
 // report in the first user table's key and the entry's operation from
-// fenceetcd.Outbox.Op, in one fenceetcd.Fence.Commit — the calls a user
+// fenceetcd.Outbox.Add, in one fenceetcd.Fence.Commit — the calls a user
 // makes. The negative control puts both in a plain Txn, the entry as a
 // bare put of its key (no guard). Both relay with fenceetcd.Outbox.Relay.
 
@@ -83,7 +83,7 @@ func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecor
 		floor, err := r.fence.Floor(ctx, w.Scope)
 		return leasecore.Result{Accepted: true, Floor: floor}, err
 	}
-	entry, err := r.outbox.Op(c, w.Part, []byte(w.Content))
+	entry, err := r.outbox.Add(c, w.Part, []byte(w.Content))
 	if err != nil {
 		return leasecore.Result{}, err
 	}

@@ -55,11 +55,7 @@ func New(cli *clientv3.Client, opts ...fenceetcd.Option) (*Controls, error) {
 	if cli == nil {
 		return nil, &leasecore.ArgError{Op: op, Field: "client", Reason: "must not be nil"}
 	}
-	o := etcdkv.NewOptions()
-	for _, f := range opts {
-		f(&o)
-	}
-	l, err := etcdkv.NewLayout(op, o)
+	_, l, err := etcdkv.ApplyOptions(op, opts)
 	if err != nil {
 		return nil, err
 	}

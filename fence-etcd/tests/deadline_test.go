@@ -611,7 +611,7 @@ func TestDeadlineEtcd(t *testing.T) {
 		{name: "Outbox.Relay/delete_after_delivery", at: "/DeleteRange", setup: func(t *testing.T) func(context.Context) error {
 			// Delivered; the delete of the entry never answers.
 			c := claim(t)
-			op, err := outbox.Op(c, "topic", []byte("payload"))
+			op, err := outbox.Add(c, "topic", []byte("payload"))
 			if err != nil {
 				t.Fatal(err)
 			}

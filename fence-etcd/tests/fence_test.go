@@ -2,6 +2,7 @@ package fenceetcd_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -222,6 +223,129 @@ func TestFenceAdvanceCutsOff(t *testing.T) {
 	if got := attemptsString(t, f.res, "nightly"); got != want {
 		t.Fatalf("attempts:\n got %s\nwant %s", got, want)
 	}
+}
+
+// TestFenceCommitAdvanceStays: a Commit or Resource.Write that must first
+// advance the floor (its token's first write) does so in a request of its
+// own, which stays applied when what follows fails. Between the advance
+// and the guarded write, either a newer token advances the floor — the
+// write is rejected — or the caller's context ends — the write returns the
+// context's error. Either way the floor was raised to the claim's token
+// and nothing of the write was applied.
+func TestFenceCommitAdvanceStays(t *testing.T) {
+	f := newFixture(t)
+	plain := f.newFence(t)
+	a := leasecore.Claim{Writer: "holder-a", Token: 5}
+	b := leasecore.Claim{Writer: "holder-b", Token: 9}
+
+	for _, tc := range []struct {
+		name  string
+		write func(ctx context.Context, cli *clientv3.Client, c leasecore.Claim) (leasecore.Result, error)
+		wrote func(t *testing.T, scope string) bool
+	}{
+		{"Fence.Commit", func(ctx context.Context, cli *clientv3.Client, c leasecore.Claim) (leasecore.Result, error) {
+			fe, err := fenceetcd.NewFence(cli, fenceetcd.WithPrefix(f.prefix))
+			if err != nil {
+				return leasecore.Result{}, err
+			}
+			res, _, err := fe.Commit(ctx, c, f.putOwn(c.Scope+"=A"))
+			return res, err
+		}, func(t *testing.T, scope string) bool {
+			return strings.Contains(f.ownKeys(t), scope+"=")
+		}},
+		{"Resource.Write", func(ctx context.Context, cli *clientv3.Client, c leasecore.Claim) (leasecore.Result, error) {
+			res, err := fenceetcd.NewResource(cli, fenceetcd.WithPrefix(f.prefix))
+			if err != nil {
+				return leasecore.Result{}, err
+			}
+			return res.Write(ctx, leasecore.Write{Scope: c.Scope, Part: "p", Writer: c.Writer, Token: c.Token, Content: "A"})
+		}, func(t *testing.T, scope string) bool {
+			_, ok, err := f.res.ReadPart(context.Background(), scope, "p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ok
+		}},
+	} {
+		for _, between := range []string{"newer token", "ctx ends"} {
+			t.Run(tc.name+"/"+between, func(t *testing.T) {
+				scope := strings.NewReplacer(".", "-", " ", "-").Replace(tc.name + "-" + between)
+				a, b := a, b
+				a.Scope, b.Scope = scope, scope
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				var floorBetween leasecore.Token
+				// The second Txn is the advance: the first, guarded, found
+				// no floor.
+				cli := etcdtest.Client(t)
+				cli.KV = &hookKV{KV: cli.KV, at: 2, hook: func() {
+					var err error
+					if floorBetween, err = plain.Floor(context.Background(), scope); err != nil {
+						t.Error(err)
+					}
+					if between == "ctx ends" {
+						cancel()
+						return
+					}
+					if res, err := plain.Advance(context.Background(), b); err != nil || !res.Accepted {
+						t.Errorf("B's advance: %+v, %v", res, err)
+					}
+				}}
+				res, err := tc.write(ctx, cli, a)
+				if between == "ctx ends" {
+					if !errors.Is(err, context.Canceled) {
+						t.Fatalf("write: %+v, %v; want the context's error", res, err)
+					}
+				} else {
+					if err != nil {
+						t.Fatal(err)
+					}
+					backendtest.WantResult(t, "write after B's advance", res, false, b.Token)
+				}
+				if floorBetween != a.Token {
+					t.Fatalf("floor between the advance and the write: %d, want %d", floorBetween, a.Token)
+				}
+				if tc.wrote(t, scope) {
+					t.Fatal("the write was applied")
+				}
+				want := a.Token
+				if between == "newer token" {
+					want = b.Token
+				}
+				backendtest.WantFloor(t, f.res, scope, want)
+			})
+		}
+	}
+}
+
+// hookKV runs hook once, right after the at-th Txn through it was
+// answered: between two requests of one fenced write.
+type hookKV struct {
+	clientv3.KV
+	at   int
+	n    int
+	hook func()
+}
+
+func (k *hookKV) Txn(ctx context.Context) clientv3.Txn { return &hookTxn{Txn: k.KV.Txn(ctx), k: k} }
+
+// hookTxn is a Txn of a hookKV; If, Then and Else return it, so that a
+// chained Commit is its own.
+type hookTxn struct {
+	clientv3.Txn
+	k *hookKV
+}
+
+func (t *hookTxn) If(cs ...clientv3.Cmp) clientv3.Txn   { t.Txn = t.Txn.If(cs...); return t }
+func (t *hookTxn) Then(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Then(ops...); return t }
+func (t *hookTxn) Else(ops ...clientv3.Op) clientv3.Txn { t.Txn = t.Txn.Else(ops...); return t }
+
+func (t *hookTxn) Commit() (*clientv3.TxnResponse, error) {
+	resp, err := t.Txn.Commit()
+	if t.k.n++; t.k.n == t.k.at {
+		t.k.hook()
+	}
+	return resp, err
 }
 
 // TestFenceConcurrentWriters: writers with different tokens start together

@@ -32,7 +32,7 @@ func publish(t *testing.T, fe *fenceetcd.Fence, o *fenceetcd.Outbox, f *fixture,
 	t.Helper()
 	txn := f.putOwn("report/" + c.Scope + "=" + c.Writer)
 	for _, p := range payloads {
-		op, err := o.Op(c, "report-published", []byte(p))
+		op, err := o.Add(c, "report-published", []byte(p))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,7 +81,7 @@ func TestOutboxInFencedTxn(t *testing.T) {
 		t.Fatalf("A's commit without an entry: %+v %v", res, err)
 	}
 	txn := f.putOwn("report/report=holder-a")
-	op, err := o.Op(a, "report-published", []byte("report(A-stale)"))
+	op, err := o.Add(a, "report-published", []byte("report(A-stale)"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func TestOutboxInFencedTxn(t *testing.T) {
 
 	// The op guards itself: in a Txn without the fence's guard, a stale
 	// claim's entry is not written.
-	stale, err := o.Op(a, "t", []byte("unguarded"))
+	stale, err := o.Add(a, "t", []byte("unguarded"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestOutboxConcurrentRelays(t *testing.T) {
 			for token := leasecore.Token(1); token <= 3; token++ {
 				c := leasecore.Claim{Scope: scope, Writer: fmt.Sprint("w", token), Token: token}
 				for i := range perToken {
-					op, err := o.Op(c, "t", fmt.Appendf(nil, "%s-%d-%d", scope, token, i))
+					op, err := o.Add(c, "t", fmt.Appendf(nil, "%s-%d-%d", scope, token, i))
 					if err != nil {
 						t.Error(err)
 						return
@@ -297,7 +297,7 @@ func TestOutboxBadInput(t *testing.T) {
 		{"no scope", "scope", "t", leasecore.Claim{Writer: "w", Token: 1}, nil},
 		{"token 0", "token", "t", leasecore.Claim{Scope: "s", Writer: "w"}, nil},
 	} {
-		_, err := o.Op(tc.c, tc.topic, tc.payload)
+		_, err := o.Add(tc.c, tc.topic, tc.payload)
 		wantField(tc.what, tc.field, err)
 	}
 	_, err := o.Relay(ctx, nil)
@@ -330,7 +330,7 @@ func TestOutboxLargestPayload(t *testing.T) {
 		payload[i] = byte(i % 251) // NUL, newlines, everything
 	}
 	c := leasecore.Claim{Scope: "big", Writer: "w", Token: 1}
-	op, err := o.Op(c, "t", payload)
+	op, err := o.Add(c, "t", payload)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,24 +15,6 @@ import (
 // DefaultPrefix is the key prefix of a store without fenceetcd.WithPrefix.
 const DefaultPrefix = "/leasefence"
 
-// Options are the settings a fenceetcd.Option changes. The zero value is
-// not ready for use: start from NewOptions.
-type Options struct {
-	Prefix string
-	// SharedLeases is fenceetcd.WithSharedLeases: only NewLeaseStore reads
-	// it.
-	SharedLeases bool
-	// AttemptLog is fenceetcd.WithAttemptLog: only NewFence and
-	// NewResource read it.
-	AttemptLog leasecore.AttemptLog
-	// FenceObserver is fenceetcd.WithFenceObserver (and WithLogger): only
-	// NewFence and NewResource read it. Nil: no observer.
-	FenceObserver func(leasecore.FenceEvent)
-}
-
-// NewOptions returns the defaults.
-func NewOptions() Options { return Options{Prefix: DefaultPrefix} }
-
 // Layout names every key fence-etcd writes under one prefix:
 //
 //	<prefix>/lease/<name>                  value: holder; attached to the etcd lease
