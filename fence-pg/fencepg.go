@@ -78,8 +78,8 @@
 // is unknown (when the context has ended, it waits for the holder's next
 // call through the store; see LeaseStore). A database/sql transaction is
 // bound to the context given to BeginTx, which bounds its COMMIT and
-// ROLLBACK: RunSQLTx passes its own; with CommitTx, begin the transaction
-// with the same context (or one that ends no later).
+// ROLLBACK: FenceDB.RunTx passes its own; with FenceDB.Commit, begin the
+// transaction with the same context (or one that ends no later).
 //
 // lib/pq cannot honour a deadline against a server that stops answering (a
 // stopped process, a hung host, a network path that still acknowledges
@@ -87,8 +87,8 @@
 // connection (watchCancel in its conn_go18.go) and returns only once the
 // server answers on the statement's own connection; BEGIN, COMMIT and
 // ROLLBACK, which database/sql sends without a context, are not cancelled
-// at all. So every call on a lib/pq pool — RunSQLTx, CommitTx, Migrate and
-// every statement of the stores — waits until the server answers again or
+// at all. So every call on a lib/pq pool — FenceDB's RunTx and Commit,
+// Migrate and every statement of the stores — waits until the server answers again or
 // the kernel gives up on the TCP connection, whatever its context
 // (TestDeadlineLibpq: a call with a 300 ms deadline returned after 1 s,
 // when the held server answered again). No lib/pq setting changes that:

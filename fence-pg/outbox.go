@@ -163,8 +163,8 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, c leasecore.Claim, topic st
 	return o.add(ctx, op, c, topic, payload, func(q string, args ...any) dbx.Row { return tx.QueryRow(ctx, q, args...) })
 }
 
-// AddTx is Add for a database/sql transaction: inside Fence.RunSQLTx, or
-// in a transaction that Fence.CommitTx ends.
+// AddTx is Add for a database/sql transaction: inside FenceDB.RunTx, or
+// in a transaction that FenceDB.Commit ends.
 func (o *Outbox) AddTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic string, payload []byte) (leasecore.OutboxEntry, error) {
 	const op = "outbox add"
 	if tx == nil {
@@ -192,7 +192,7 @@ func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic st
 		}
 		return leasecore.OutboxEntry{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: fmt.Sprintf(
 			"is not fenced for this claim: the floor of scope %q is %d, not the claim's token %d "+
-				"(add entries inside Fence.RunTx or RunSQLTx of the same claim, or after its Advance in a transaction that Commit or CommitTx ends); roll back",
+				"(add entries inside the fence's RunTx of the same claim, or after its Advance in a transaction that the fence's Commit ends); roll back",
 			c.Scope, floor, c.Token)}
 	}
 	if err != nil {

@@ -54,7 +54,7 @@ func (s *LeaseStore) Preflight(ctx context.Context) error {
 // UPDATE on fence_floor, SELECT and INSERT on write_attempt, EXECUTE on
 // fence_reject (DELETE on write_attempt, which only PruneAttempts needs,
 // is not required); then CheckSchema.
-func (f *Fence) Preflight(ctx context.Context) error {
+func (f *fenceCore) Preflight(ctx context.Context) error {
 	return pgstore.Preflight(ctx, f.db, pkg, f.cfg.schema, pgstore.FenceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }
 

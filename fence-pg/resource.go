@@ -22,7 +22,7 @@ import (
 // backendkit.BatchWriter and backendkit.ResourceReader. It never sees the
 // lease database. It is safe for concurrent use.
 type Resource struct {
-	fence *Fence
+	fence *fenceCore
 	read  pgstore.Reader
 	batch writeBatcher // Write's fast paths, gathered when concurrent
 }
@@ -44,7 +44,7 @@ func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: f.read}, nil
+	return &Resource{fence: &f.fenceCore, read: f.read}, nil
 }
 
 // NewResourceDB is NewResource for a database/sql pool (lib/pq, or pgx's
@@ -54,7 +54,7 @@ func NewResourceDB(db *sql.DB, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: f.read}, nil
+	return &Resource{fence: &f.fenceCore, read: f.read}, nil
 }
 
 // renameOp makes a constructor's argument error name the constructor the

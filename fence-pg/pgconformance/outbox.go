@@ -17,7 +17,7 @@ import (
 
 // The suite's fenced outbox (conformance.OutboxResources, F9b): the report
 // row in the suite's first user table and the entry through
-// fencepg.Outbox, in one fencepg.Fence.RunTx (RunSQLTx on database/sql),
+// fencepg.Outbox, in one RunTx of fencepg.Fence (FenceDB on database/sql),
 // the calls a user makes. The negative control writes both in a plain
 // transaction, the entry with pgsql.OutboxAddUnfenced. Both relay with
 // fencepg.Outbox.Relay.
@@ -82,8 +82,8 @@ func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecor
 	switch {
 	case !r.fenced:
 		return r.writeUnfenced(ctx, w, row)
-	case r.pool.Pgx != nil:
-		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+	case r.fence.Pgx != nil:
+		return r.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, upsertUserRow(reportTable), row...); err != nil {
 				return err
 			}
@@ -91,7 +91,7 @@ func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecor
 			return err
 		})
 	}
-	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+	return r.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, upsertUserRow(reportTable), row...); err != nil {
 			return err
 		}

@@ -250,7 +250,7 @@ func TestPermissionDenied(t *testing.T) {
 		}
 		createRole(t, f.leaseDB, granted, runtimeGrants)
 		createRole(t, f.resourceDB, granted, runtimeResourceGrants)
-		open := func(t *testing.T, role string) (*fencepg.LeaseStore, *fencepg.Resource, *fencepg.Fence) {
+		open := func(t *testing.T, role string) (*fencepg.LeaseStore, *fencepg.Resource, pgopen.Fence) {
 			lp := pgtest.Open(t, driver, withUser(t, f.leaseDSN, role, "", ""), 2)
 			rp := pgtest.Open(t, driver, withUser(t, f.resDSN, role, "", ""), 2)
 			leases, err := lp.LeaseStore()

@@ -50,7 +50,7 @@ func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Ou
 }
 
 // publish runs the user's fenced transaction: the job's header row and one
-// outbox entry per payload, the way the driver offers (RunTx / RunSQLTx).
+// outbox entry per payload, the way the driver offers (Fence.RunTx / FenceDB.RunTx).
 // fail, when set, makes the transaction's function fail after the entries
 // were added.
 func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payloads ...string) (leasecore.Result, []leasecore.OutboxEntry, error) {
@@ -71,7 +71,7 @@ func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payl
 		return fail
 	}
 	if f.resPool.Pgx != nil {
-		res, err := f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+		res, err := f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			return body(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err },
 				func(p string) (leasecore.OutboxEntry, error) {
 					return f.outbox.Add(ctx, tx, c, "report-published", []byte(p))
@@ -79,7 +79,7 @@ func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payl
 		})
 		return res, added, err
 	}
-	res, err := f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+	res, err := f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 		return body(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err },
 			func(p string) (leasecore.OutboxEntry, error) {
 				return f.outbox.AddTx(ctx, tx, c, "report-published", []byte(p))
@@ -163,7 +163,7 @@ func TestOutboxInFencedTx(t *testing.T) {
 // TestOutboxAddNeedsTheFloor: Add inserts only while the scope's floor is
 // the claim's token (a floor not raised yet, or raised past the token,
 // inserts nothing and says why, naming the floor), and in a transaction the
-// caller ends with Commit (CommitTx) the comparison at commit covers the
+// caller ends with Commit the comparison at commit covers the
 // entry: a newer token advanced between Add and the commit rejects the
 // transaction, entry included.
 func TestOutboxAddNeedsTheFloor(t *testing.T) {
@@ -184,7 +184,7 @@ func TestOutboxAddNeedsTheFloor(t *testing.T) {
 					return leasecore.Result{}, err
 				}
 				between()
-				return f.fence.Commit(ctx, tx, add)
+				return f.fence.Pgx.Commit(ctx, tx, add)
 			}
 			tx, err := f.resPool.SQL.BeginTx(ctx, nil)
 			if err != nil {
@@ -195,7 +195,7 @@ func TestOutboxAddNeedsTheFloor(t *testing.T) {
 				return leasecore.Result{}, err
 			}
 			between()
-			return f.fence.CommitTx(ctx, tx, add)
+			return f.fence.SQL.Commit(ctx, tx, add)
 		}
 		nothing := func() {}
 		_, err := inTx(c, nothing)
@@ -464,12 +464,12 @@ func TestOutboxBadInput(t *testing.T) {
 		} {
 			var err error
 			if p := f.resPool.Pgx; p != nil {
-				_, _ = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+				_, _ = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 					_, err = f.outbox.Add(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
 			} else {
-				_, _ = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+				_, _ = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 					_, err = f.outbox.AddTx(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
@@ -563,12 +563,12 @@ func TestOutboxRuntimeRole(t *testing.T) {
 		c := leasecore.Claim{Scope: "s", Writer: "w", Token: 3}
 		var res leasecore.Result
 		if p.Pgx != nil {
-			res, err = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+			res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 				_, err := f.outbox.Add(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
 		} else {
-			res, err = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+			res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 				_, err := f.outbox.AddTx(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
@@ -601,7 +601,7 @@ func TestOutboxRelayLateCommittedEntry(t *testing.T) {
 	added, commit := make(chan error, 1), make(chan struct{})
 	var open sync.WaitGroup
 	open.Go(func() {
-		_, err := f.fence.RunTx(ctx, s1, func(tx pgx.Tx) error {
+		_, err := f.fence.Pgx.RunTx(ctx, s1, func(tx pgx.Tx) error {
 			_, err := f.outbox.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
 			added <- err
 			<-commit
