@@ -184,7 +184,7 @@ type pgDeadlineEnv struct {
 	leases, sessions *fencepg.LeaseStore
 	fence            pgopen.Fence
 	res              *fencepg.Resource
-	outbox           *fencepg.Outbox
+	outbox           pgopen.Outbox
 
 	pool      *pgxpool.Pool // proxied (pgx)
 	sqlDB     *sql.DB       // proxied (pgx-stdlib)
@@ -246,7 +246,7 @@ func newPgDeadlineEnv(t *testing.T, driver string) *pgDeadlineEnv {
 		must(t, err)
 		e.res, err = fencepg.NewResource(e.pool)
 		must(t, err)
-		e.outbox, err = fencepg.NewOutbox(e.pool)
+		e.outbox, err = pgopen.Pool{Pgx: e.pool}.Outbox()
 		must(t, err)
 	case pgxStdlib:
 		openSQL := func(dsn string) *sql.DB {
@@ -266,7 +266,7 @@ func newPgDeadlineEnv(t *testing.T, driver string) *pgDeadlineEnv {
 		must(t, err)
 		e.res, err = fencepg.NewResourceDB(e.sqlDB)
 		must(t, err)
-		e.outbox, err = fencepg.NewOutboxDB(e.sqlDB)
+		e.outbox, err = pgopen.Pool{SQL: e.sqlDB}.Outbox()
 		must(t, err)
 	default:
 		t.Fatalf("driver %q", driver)
@@ -751,7 +751,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 				return func(ctx context.Context) error {
 					return ignore2(e.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 						e.proxy.hold()
-						_, err := e.outbox.Add(ctx, tx, c, "t", []byte("p"))
+						_, err := e.outbox.Pgx.Add(ctx, tx, c, "t", []byte("p"))
 						return err
 					}))
 				}
@@ -759,7 +759,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 			return func(ctx context.Context) error {
 				return ignore2(e.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 					e.proxy.hold()
-					_, err := e.outbox.AddTx(ctx, tx, c, "t", []byte("p"))
+					_, err := e.outbox.SQL.Add(ctx, tx, c, "t", []byte("p"))
 					return err
 				}))
 			}
@@ -769,9 +769,9 @@ func pgDeadlineCases() []pgDeadlineCase {
 			c := claim(t, e)
 			var err error
 			if e.driver == pgopenPgx {
-				_, err = e.fence.Pgx.RunTx(bg, c, func(tx pgx.Tx) error { _, err := e.outbox.Add(bg, tx, c, "t", []byte("p")); return err })
+				_, err = e.fence.Pgx.RunTx(bg, c, func(tx pgx.Tx) error { _, err := e.outbox.Pgx.Add(bg, tx, c, "t", []byte("p")); return err })
 			} else {
-				_, err = e.fence.SQL.RunTx(bg, c, func(tx *sql.Tx) error { _, err := e.outbox.AddTx(bg, tx, c, "t", []byte("p")); return err })
+				_, err = e.fence.SQL.RunTx(bg, c, func(tx *sql.Tx) error { _, err := e.outbox.SQL.Add(bg, tx, c, "t", []byte("p")); return err })
 			}
 			must(t, err)
 			return func(ctx context.Context) error {

@@ -25,7 +25,7 @@ import (
 // outboxFixture is a fence fixture with an Outbox on the same database.
 type outboxFixture struct {
 	fenceFixture
-	outbox *fencepg.Outbox
+	outbox pgopen.Outbox
 }
 
 func newOutboxFixture(t *testing.T, driver string, opts ...fencepg.Option) outboxFixture {
@@ -34,15 +34,9 @@ func newOutboxFixture(t *testing.T, driver string, opts ...fencepg.Option) outbo
 	return outboxFixture{f, openOutbox(t, f.resPool, opts...)}
 }
 
-func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Outbox {
+func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) pgopen.Outbox {
 	t.Helper()
-	var o *fencepg.Outbox
-	var err error
-	if p.Pgx != nil {
-		o, err = fencepg.NewOutbox(p.Pgx, opts...)
-	} else {
-		o, err = fencepg.NewOutboxDB(p.SQL, opts...)
-	}
+	o, err := p.Outbox(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +68,7 @@ func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payl
 		res, err := f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			return body(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err },
 				func(p string) (leasecore.OutboxEntry, error) {
-					return f.outbox.Add(ctx, tx, c, "report-published", []byte(p))
+					return f.outbox.Pgx.Add(ctx, tx, c, "report-published", []byte(p))
 				})
 		})
 		return res, added, err
@@ -82,7 +76,7 @@ func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payl
 	res, err := f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 		return body(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err },
 			func(p string) (leasecore.OutboxEntry, error) {
-				return f.outbox.AddTx(ctx, tx, c, "report-published", []byte(p))
+				return f.outbox.SQL.Add(ctx, tx, c, "report-published", []byte(p))
 			})
 	})
 	return res, added, err
@@ -180,7 +174,7 @@ func TestOutboxAddNeedsTheFloor(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
-				if _, err := f.outbox.Add(ctx, tx, add, "t", []byte("p")); err != nil {
+				if _, err := f.outbox.Pgx.Add(ctx, tx, add, "t", []byte("p")); err != nil {
 					return leasecore.Result{}, err
 				}
 				between()
@@ -191,7 +185,7 @@ func TestOutboxAddNeedsTheFloor(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-			if _, err := f.outbox.AddTx(ctx, tx, add, "t", []byte("p")); err != nil {
+			if _, err := f.outbox.SQL.Add(ctx, tx, add, "t", []byte("p")); err != nil {
 				return leasecore.Result{}, err
 			}
 			between()
@@ -463,23 +457,26 @@ func TestOutboxBadInput(t *testing.T) {
 			{"token 0", "token", "t", leasecore.Claim{Scope: "s", Writer: "w"}, nil},
 		} {
 			var err error
-			if p := f.resPool.Pgx; p != nil {
+			if f.fence.Pgx != nil {
 				_, _ = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
-					_, err = f.outbox.Add(ctx, tx, tc.c, tc.topic, tc.payload)
+					_, err = f.outbox.Pgx.Add(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
 			} else {
 				_, _ = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
-					_, err = f.outbox.AddTx(ctx, tx, tc.c, tc.topic, tc.payload)
+					_, err = f.outbox.SQL.Add(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
 			}
 			wantField(tc.what, tc.field, err)
 		}
-		_, err := f.outbox.Add(ctx, nil, c, "t", nil)
-		wantField("nil pgx tx", "tx", err)
-		_, err = f.outbox.AddTx(ctx, nil, c, "t", nil)
-		wantField("nil sql tx", "tx", err)
+		var err error
+		if f.outbox.Pgx != nil {
+			_, err = f.outbox.Pgx.Add(ctx, nil, c, "t", nil)
+		} else {
+			_, err = f.outbox.SQL.Add(ctx, nil, c, "t", nil)
+		}
+		wantField("nil tx", "tx", err)
 		cancelled, cancel := context.WithCancel(ctx)
 		cancel()
 		if p := f.resPool.Pgx; p != nil {
@@ -487,7 +484,7 @@ func TestOutboxBadInput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.outbox.Add(cancelled, tx, c, "t", nil); !errors.Is(err, context.Canceled) {
+			if _, err := f.outbox.Pgx.Add(cancelled, tx, c, "t", nil); !errors.Is(err, context.Canceled) {
 				t.Errorf("cancelled Add: %v", err)
 			}
 			_ = tx.Rollback(ctx)
@@ -564,12 +561,12 @@ func TestOutboxRuntimeRole(t *testing.T) {
 		var res leasecore.Result
 		if p.Pgx != nil {
 			res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
-				_, err := f.outbox.Add(ctx, tx, c, "t", []byte("p"))
+				_, err := f.outbox.Pgx.Add(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
 		} else {
 			res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
-				_, err := f.outbox.AddTx(ctx, tx, c, "t", []byte("p"))
+				_, err := f.outbox.SQL.Add(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
 		}
@@ -602,7 +599,7 @@ func TestOutboxRelayLateCommittedEntry(t *testing.T) {
 	var open sync.WaitGroup
 	open.Go(func() {
 		_, err := f.fence.Pgx.RunTx(ctx, s1, func(tx pgx.Tx) error {
-			_, err := f.outbox.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
+			_, err := f.outbox.Pgx.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
 			added <- err
 			<-commit
 			return err

@@ -188,13 +188,7 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 		fence := openFence(t, p)
 		// The optional block's grants: holder sessions and the outbox.
 		sessions, _ := openStores(t, p, fencepg.WithHolderSessions())
-		var outbox *fencepg.Outbox
-		var err error
-		if p.Pgx != nil {
-			outbox, err = fencepg.NewOutbox(p.Pgx)
-		} else {
-			outbox, err = fencepg.NewOutboxDB(p.SQL)
-		}
+		outbox, err := p.Outbox()
 		if err != nil {
 			t.Fatal(err)
 		}

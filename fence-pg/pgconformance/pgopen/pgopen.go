@@ -142,6 +142,48 @@ func (p Pool) Fence(opts ...fencepg.Option) (Fence, error) {
 	return Fence{SQL: f, FenceMethods: f}, nil
 }
 
+// Outbox is an outbox of either driver on one pool: exactly one of Pgx
+// and SQL is set, and OutboxMethods is that one. Add takes the driver's
+// own transaction: call it on Pgx or SQL.
+type Outbox struct {
+	Pgx *fencepg.Outbox
+	SQL *fencepg.OutboxDB
+	OutboxMethods
+}
+
+// OutboxMethods are the methods fencepg.Outbox and fencepg.OutboxDB
+// share: all but Add.
+type OutboxMethods interface {
+	Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error)
+	Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error)
+	PruneDelivered(ctx context.Context, before time.Time) (int64, error)
+	Migrate(ctx context.Context) error
+	Preflight(ctx context.Context) error
+	CheckSchema(ctx context.Context) error
+}
+
+var (
+	_ OutboxMethods = (*fencepg.Outbox)(nil)
+	_ OutboxMethods = (*fencepg.OutboxDB)(nil)
+)
+
+// Outbox returns the outbox of the pool's driver: fencepg.NewOutbox or
+// fencepg.NewOutboxDB.
+func (p Pool) Outbox(opts ...fencepg.Option) (Outbox, error) {
+	if p.Pgx != nil {
+		o, err := fencepg.NewOutbox(p.Pgx, opts...)
+		if err != nil {
+			return Outbox{}, err
+		}
+		return Outbox{Pgx: o, OutboxMethods: o}, nil
+	}
+	o, err := fencepg.NewOutboxDB(p.SQL, opts...)
+	if err != nil {
+		return Outbox{}, err
+	}
+	return Outbox{SQL: o, OutboxMethods: o}, nil
+}
+
 // Controls returns pgcontrol.Controls on the pool.
 func (p Pool) Controls() (*pgcontrol.Controls, error) {
 	if p.Pgx != nil {
