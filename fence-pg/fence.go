@@ -150,7 +150,7 @@ type config struct {
 	idleInTxTimeout time.Duration
 	noNotify        bool                       // WithoutNotifications
 	observe         func(leasecore.FenceEvent) // WithFenceObserver, WithLogger
-	holderSessions  bool                       // WithHolderSessions (lease stores only)
+	sharedLeases    bool                       // WithSharedLeases (lease stores only)
 }
 
 func newConfig(op string, opts []Option) (config, error) {

@@ -30,7 +30,7 @@
 // same process's clock (see leasecore.Grant.LocalDeadline).
 //
 // By default each lease name has its own expiry, and RenewAll updates one
-// row per name. With WithHolderSessions a holder's names of one TTL hang on
+// row per name. With WithSharedLeases a holder's names of one TTL hang on
 // one session row instead, which one UPDATE renews (see LeaseStore).
 //
 // Errors wrap leasecore's sentinels: leasecore.ErrInvalidArgument (bad input,

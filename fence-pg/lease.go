@@ -27,9 +27,9 @@ import (
 // transaction pooler, waiting falls back to polling or to that remaining
 // time). It is safe for concurrent use.
 //
-// # Holder sessions
+// # Shared leases: holder sessions
 //
-// With WithHolderSessions the store hangs all names of one holder and TTL
+// With WithSharedLeases the store hangs all names of one holder and TTL
 // on one row of table holder_session (holder, TTL, session id, expiry),
 // like the locks of one Chubby session or the keys of one etcd lease, and
 // each name's row points at its session instead of carrying an expiry of
@@ -85,7 +85,7 @@ type LeaseStore struct {
 	schema string
 	stmt   struct{ acquire, acquireAll, renew, release, renewAll, inspect string }
 
-	// Holder sessions (WithHolderSessions).
+	// Holder sessions (WithSharedLeases).
 	sessions     bool
 	sess         sessionStatements
 	undos        undoQueue
@@ -111,7 +111,7 @@ var (
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
 // database. Of the options only WithSchema, WithoutNotifications and
-// WithHolderSessions apply.
+// WithSharedLeases apply.
 // A nil pool or an invalid option returns a *leasecore.ArgError. The caller
 // keeps ownership of the pool and closes it.
 func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
@@ -145,7 +145,7 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: cfg.holderSessions}
+	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: cfg.sharedLeases}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
@@ -267,7 +267,7 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 	case r.released:
 		return "released"
 	case r.onSession:
-		return "it hangs on a holder session: a store with WithHolderSessions acquired it " +
+		return "it hangs on a holder session: a store with WithSharedLeases acquired it " +
 			"(every store that acquires, renews or releases one holder's names must use the same mode)"
 	case !r.held:
 		return "expired"

@@ -55,7 +55,7 @@ func checkSchemaName(op, name string) error {
 // by the server the first time the script runs there, never changed: see
 // leasecore.Grant.Space), for users who apply migrations with their own
 // tool instead of Migrate. It also creates the holder_session table of
-// WithHolderSessions and the function holder_session_expiry through which
+// WithSharedLeases and the function holder_session_expiry through which
 // every store reads a session's expiry, and adds the lease table's columns
 // of that mode to a table made before it. It is idempotent (CREATE ... IF
 // NOT EXISTS; a column is added only when missing). The runtime role then
@@ -63,7 +63,7 @@ func checkSchemaName(op, name string) error {
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
-//	GRANT SELECT, INSERT, UPDATE ON <schema>.holder_session TO <role>; -- with WithHolderSessions only
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.holder_session TO <role>; -- with WithSharedLeases only
 //
 // LeaseStore.Preflight checks them, and names any that is missing.
 func LeaseDDL(schema string) (string, error) {

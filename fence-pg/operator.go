@@ -73,7 +73,7 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // holding period is over when the new one starts); what TakeOver gives up
 // is waiting for the TTL.
 //
-// A name on a holder session (WithHolderSessions) is taken off it: that
+// A name on a holder session (WithSharedLeases) is taken off it: that
 // name's holding period ends, the session and its other names go on.
 // A store with holder sessions gives the name to holder's session of ttl
 // (refreshed or started, as by Acquire), so the grant renews and releases

@@ -33,7 +33,7 @@ var ErrNotDurable = pgstore.ErrNotDurable
 //     leasecore.ErrConfig;
 //   - the pool's role lacks a privilege the store needs: USAGE on the
 //     schema, SELECT, INSERT and UPDATE on lease (and on holder_session,
-//     with WithHolderSessions): leasecore.ErrConfig, the message lists
+//     with WithSharedLeases): leasecore.ErrConfig, the message lists
 //     each missing GRANT for this role;
 //   - the lease table is missing, out of date or foreign: CheckSchema's
 //     leasecore.ErrSchema (run Migrate).

@@ -187,7 +187,7 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 		leases, _ := openStores(t, p)
 		fence := openFence(t, p)
 		// The optional block's grants: holder sessions and the outbox.
-		sessions, _ := openStores(t, p, fencepg.WithHolderSessions())
+		sessions, _ := openStores(t, p, fencepg.WithSharedLeases())
 		outbox, err := p.Outbox()
 		if err != nil {
 			t.Fatal(err)

@@ -18,7 +18,7 @@ import (
 // and Preflight's check both read them.
 var RuntimeGrants = map[string]string{
 	"lease":          "SELECT, INSERT, UPDATE",
-	"holder_session": "SELECT, INSERT, UPDATE", // with fencepg.WithHolderSessions only
+	"holder_session": "SELECT, INSERT, UPDATE", // with fencepg.WithSharedLeases only
 	"fence_floor":    "SELECT, INSERT, UPDATE",
 	"report_part":    "SELECT, INSERT, UPDATE",
 	"write_attempt":  "SELECT, INSERT, DELETE",         // DELETE for PruneAttempts only
