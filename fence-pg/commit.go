@@ -72,6 +72,28 @@ import (
 // committed — the fence is not asked, and no rejection is logged. With a
 // context of its own, the transaction goes on and the fence decides at
 // commit. Either is safe.
+//
+// # An outcome that is unknown
+//
+// An error after the COMMIT was sent — one wrapping
+// leasecore.ErrUnavailable or the context's error, whose message names
+// the step ("fencepg: run tx: commit: ..."): the connection was lost, or
+// ctx ended, during the last round trip — leaves the outcome unknown: the
+// transaction may have committed, or may still commit (see the package
+// documentation). Nothing the fence keeps ties that outcome to this one
+// transaction: the attempt log records a rejection by its Writer (the
+// holder) and token only, an accepted check only with leasecore.LogAll,
+// and on PostgreSQL a check's entry has no part (Attempt.Part is empty),
+// so two transactions of one holder and token look alike there; the floor
+// is the token whether this transaction committed or another of the same
+// holding period did. To tie the outcome to this transaction, write a key
+// of your own in it — an idempotency key or request id, in a row of your
+// tables under a unique constraint, one per transaction — and look for it
+// afterwards: found, the transaction committed; not found, it has not
+// (yet: look again once the server has ended the broken connection's
+// session, which pg_stat_activity shows). A retry that writes the same
+// key then cannot apply twice: its insert conflicts with the committed
+// one.
 func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (leasecore.Result, error) {
 	const op = "run tx"
 	if err := f.checkRun(ctx, op, c, fn == nil); err != nil {
@@ -456,7 +478,9 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 // returns pgx.ErrTxClosed, as after tx.Commit. An error means tx was
 // rolled back, or — an error wrapping leasecore.ErrUnavailable or the
 // context's, the connection lost during the round trip — that the outcome
-// is unknown.
+// is unknown: resolve it with a key of your own written in tx, as
+// RunTx's documentation describes (the attempt log and the floor cannot
+// tell which transaction of a holder committed).
 //
 // Until Commit the fence holds no lock for tx, so a newer holder never
 // waits on the fence for it; tx's own statements hold their row locks
@@ -504,10 +528,12 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 // comparison's share lock of the floor row is held for the one round trip
 // between them. Accepted: tx is committed. Rejected or an error: tx is
 // rolled back — except for an error of the COMMIT itself (its message
-// says "commit"), whose outcome is unknown when the connection broke. A
-// connection that broke before the COMMIT was sent says that nothing was
-// committed; lib/pq does not report why a server ended a session, most
-// often idle_in_transaction_session_timeout inside a transaction.
+// says "commit: commit"), whose outcome is unknown when the connection
+// broke: resolve it with a key of your own written in tx, as
+// Fence.RunTx's documentation describes. A connection that broke before
+// the COMMIT was sent says that nothing was committed; lib/pq does not
+// report why a server ended a session, most often
+// idle_in_transaction_session_timeout inside a transaction.
 func (f *FenceDB) Commit(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {

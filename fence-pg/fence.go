@@ -138,9 +138,16 @@ func newFenceCore(db dbx.DB, cfg config) fenceCore {
 // transaction rolls back, and those locks are freed.
 const DefaultIdleInTransactionTimeout = 5 * time.Second
 
-// Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
-// (WithSchema and WithoutNotifications only) NewLeaseStore and
-// NewLeaseStoreDB.
+// Option configures the constructors of the package. Each option's
+// documentation says which it affects; a constructor ignores the others:
+//
+//   - NewFence and NewFenceDB: WithSchema, WithAttemptLog, WithTimeouts,
+//     WithFenceObserver and WithLogger;
+//   - NewResource and NewResourceDB: the same but WithTimeouts (a write is
+//     one statement);
+//   - NewLeaseStore and NewLeaseStoreDB: WithSchema, WithoutNotifications
+//     and WithSharedLeases;
+//   - NewOutbox and NewOutboxDB: WithSchema.
 type Option func(*config)
 
 type config struct {
@@ -185,8 +192,9 @@ func WithAttemptLog(m leasecore.AttemptLog) Option {
 	return func(c *config) { c.log = m }
 }
 
-// WithSchema puts the library's tables (and its one function) in the
-// PostgreSQL schema name instead of DefaultSchema: a lower-case unquoted
+// WithSchema puts the library's tables, and its functions and triggers
+// (LeaseDDL and ResourceDDL name the functions), in the PostgreSQL schema
+// name instead of DefaultSchema: a lower-case unquoted
 // identifier (letters a-z, digits, underscores; not starting with a digit
 // or "pg_"). Every store of one database that shares tables must use the
 // same schema. Migrate creates the schema if it does not exist.
@@ -267,12 +275,14 @@ func (f *fenceCore) Migrate(ctx context.Context) error {
 }
 
 // CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
-// the table or column, whether the fence's tables in its schema are missing,
-// out of date, foreign (another table of the same name), or not visible to
-// this pool's role. Preflight runs it after checking the connection, the
-// server's durability and the role's grants: call Preflight at start-up.
+// the table or column, whether the fence's tables in its schema
+// (fence_floor, write_attempt; not the part store's report_part) are
+// missing, out of date, foreign (another table of the same name), or not
+// visible to this pool's role. Preflight runs it after checking the
+// connection, the server's durability and the role's grants: call
+// Preflight at start-up.
 func (f *fenceCore) CheckSchema(ctx context.Context) error {
-	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, pgsql.ResourceFunctions)
+	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.FenceColumns, pgsql.ResourceFunctions)
 }
 
 // Querier is what Fence.Seal and Fence.Install need from a pgx transaction:
@@ -403,7 +413,16 @@ type BatchSender interface {
 // may be sent twice; their callbacks (QueuedQuery.Exec, Query, QueryRow)
 // run only for the pipeline that was applied. b itself is not changed. An
 // error from one of b's statements is returned (wrapped), and nothing of
-// b took effect, though the floor may have been advanced to c.Token.
+// b took effect.
+//
+// The advance of a floor below c.Token is a request, and a transaction,
+// of its own, committed before the pipeline is sent. So SendBatch can
+// commit that raise and still return a rejection (a newer token passed the
+// floor between the advance and the pipeline) or an error (from one of b's
+// statements, a lost connection, ctx ending): then the scope's floor was
+// raised to c.Token and nothing of b was written. The raise is safe to
+// keep: it cuts off only holders older than c.Token, as c's own Advance
+// would.
 func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
 	const op = "send batch"
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {

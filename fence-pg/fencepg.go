@@ -25,6 +25,12 @@
 // there would still see an expired lease as held, and a renew would extend
 // from a stale instant (conformance case F2).
 //
+// What takes the caller's transaction comes in two types, one per driver,
+// with the same methods for the same acts: Fence and Outbox (from
+// NewFence and NewOutbox) take a pgx.Tx, FenceDB and OutboxDB (from
+// NewFenceDB and NewOutboxDB) a *sql.Tx. LeaseStore and Resource take no
+// transaction: each is one type, from a constructor per pool.
+//
 // Expiry is decided by the database clock only. Grant.Start is the local
 // monotonic time read before the request was sent; compare it only with the
 // same process's clock (see leasecore.Grant.LocalDeadline).

@@ -109,8 +109,12 @@ func (f *fenceCore) seal(ctx context.Context, op, scope, to string, stmt func(ar
 //     overwrite newer rows. A scope sealed here (it was moved away from
 //     this database before) is rejected with a *leasecore.ScopeMovedError:
 //     a sealed floor never goes down, so a scope does not come back to a
-//     database it left, except through the administrative reset (see the
-//     README).
+//     database it left, except through the administrative reset: an
+//     owner-privileged DELETE of the scope's floor row with
+//     leasefence_admin.allow_token_reset set, once every writer of the
+//     scope is routed away (the repository's docs/moving-scopes.md, "Not
+//     supported", and docs/security.md, "The administrative path is the
+//     owner's").
 //
 // Running it again after it committed, before any holder wrote here, is
 // accepted and changes nothing: the move can be rerun until the routing is

@@ -376,5 +376,5 @@ func (o *outboxCore) CheckSchema(ctx context.Context) error {
 // floor row), SELECT, INSERT and UPDATE on outbox (DELETE, which only
 // PruneDelivered needs, is not required); then CheckSchema.
 func (o *outboxCore) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, o.db, pkg, o.cfg.schema, pgstore.OutboxTables, pgsql.OutboxColumns, nil)
+	return pgstore.Preflight(ctx, o.db, pkg, ErrNotDurable, o.cfg.schema, pgstore.OutboxTables, pgsql.OutboxColumns, nil)
 }

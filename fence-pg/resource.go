@@ -34,9 +34,9 @@ var (
 )
 
 // NewResource returns a fenced resource on a pgx pool connected to the
-// resource database. Options: WithAttemptLog (the default logs rejected
-// writes only: an accepted write's part row already says who wrote it with
-// which token). A nil pool or an invalid option returns a
+// resource database. Options: WithSchema, WithFenceObserver, WithLogger
+// and WithAttemptLog (the default logs rejected writes only: an accepted
+// write's part row already says who wrote it with which token). A nil pool or an invalid option returns a
 // *leasecore.ArgError. The caller keeps ownership of the pool and closes
 // it.
 func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
@@ -76,7 +76,12 @@ func renameOp(err error, op string) error {
 // writing again) and rejects anything lower, whichever part it targets; a
 // rejection is a Result, not an error (but for a floor from another token
 // space, see Fence). Concurrent writers of one scope queue on the floor row
-// and each compares with the floor the previous one committed.
+// and each compares with the floor the previous one committed. Unlike
+// Fence.SendBatch's advance, the raise of the floor is never a request of
+// its own: it is the same statement as the part's write, so the two
+// commit together or not at all — a rejected write, or one that fails with
+// an error, leaves the floor as it was (but for an outcome that is
+// unknown: the statement may then have committed, raise and part alike).
 //
 // Concurrent writes through one Resource share statements: while two of
 // its first statements run, the writes that arrive wait and then go

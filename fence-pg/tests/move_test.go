@@ -431,7 +431,8 @@ func TestMoveScopeCarriesTokenSpace(t *testing.T) {
 
 // TestMoveScopeNeverFenced: a scope that never had a floor is sealed with
 // floor 0; installing it raises nothing, and is refused where the scope
-// has a floor; a scope sealed at a database does not come back to it.
+// has a floor; a scope sealed at a database does not come back to it,
+// except after the owner's reset.
 func TestMoveScopeNeverFenced(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		old, to := newFenceFixture(t, driver), newMoveTarget(t, driver)
@@ -460,6 +461,21 @@ func TestMoveScopeNeverFenced(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), `install scope "fresh"`) {
 			t.Errorf("install back: %v, want the op named", err)
 		}
+
+		// Unless the owner resets it (the administrative path Install's
+		// godoc names): with the floor row gone the database is a new
+		// location for the scope again.
+		if _, err := old.resourceDB.Exec(ctx, `BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on;
+			DELETE FROM leasefence.fence_floor WHERE scope = 'fresh'; COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		tx = beginMove(t, old)
+		res, err = tx.install(old, back)
+		tx.rollback()
+		if err != nil {
+			t.Fatalf("install back after the reset: %v", err)
+		}
+		backendtest.WantResult(t, "install back after the reset", res, true, 1)
 	})
 }
 
