@@ -20,10 +20,10 @@ var _ backendkit.BatchAcquirer = (*LeaseStore)(nil)
 //
 //   - ONE statement for every name that has no lease row yet, the common
 //     case of a holder starting with its shards: it inserts them all with
-//     token 1 in one durable commit (pgsql.AcquireAllNew; with holder
-//     sessions pgsql.AcquireAllNewSession, which also refreshes or starts
-//     the holder's session of ttl, as Acquire does, and attaches every new
-//     name to it under one random acquire id for the batch). Tokens start
+//     token 1 in one durable commit (with shared leases the same statement
+//     also refreshes or starts the holder's session of ttl, as Acquire
+//     does, and attaches every new name to it under one random acquire id
+//     for the batch). Tokens start
 //     at 1 and a lease row is never deleted, so a name without a row was
 //     never issued a token;
 //   - then one Acquire per name the statement did not insert (its row

@@ -41,7 +41,7 @@ import (
 //     period that did not call Advance) is first raised to c.Token in a
 //     transaction of its own that commits before fn runs, as Advance
 //     does, so older holders are cut off from then on — one more round
-//     trip (RunSQLTx: several), once per holding period, whose wait a
+//     trip (FenceDB's: several), once per holding period, whose wait a
 //     lock timeout (WithTimeouts) bounds too.
 //   - fn runs with no lock of the fence's held. If fn returns an error (or
 //     panics), RunTx rolls back and returns that error wrapped (errors.Is
@@ -73,11 +73,30 @@ import (
 // context of its own, the transaction goes on and the fence decides at
 // commit. Either is safe.
 //
-// A Fence made by NewFenceDB returns an error wrapping
-// leasecore.ErrInvalidArgument: use RunSQLTx.
+// # An outcome that is unknown
+//
+// An error after the COMMIT was sent — one wrapping
+// leasecore.ErrUnavailable or the context's error, whose message names
+// the step ("fencepg: run tx: commit: ..."): the connection was lost, or
+// ctx ended, during the last round trip — leaves the outcome unknown: the
+// transaction may have committed, or may still commit (see the package
+// documentation). Nothing the fence keeps ties that outcome to this one
+// transaction: the attempt log records a rejection by its Writer (the
+// holder) and token only, an accepted check only with leasecore.LogAll,
+// and on PostgreSQL a check's entry has no part (Attempt.Part is empty),
+// so two transactions of one holder and token look alike there; the floor
+// is the token whether this transaction committed or another of the same
+// holding period did. To tie the outcome to this transaction, write a key
+// of your own in it — an idempotency key or request id, in a row of your
+// tables under a unique constraint, one per transaction — and look for it
+// afterwards: found, the transaction committed; not found, it has not
+// (yet: look again once the server has ended the broken connection's
+// session, which pg_stat_activity shows). A retry that writes the same
+// key then cannot apply twice: its insert conflicts with the committed
+// one.
 func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx) error) (leasecore.Result, error) {
 	const op = "run tx"
-	if err := f.checkRun(ctx, op, c, fn == nil, f.pgx == nil, "RunSQLTx"); err != nil {
+	if err := f.checkRun(ctx, op, c, fn == nil); err != nil {
 		return leasecore.Result{}, err
 	}
 	conn, tx, floor, err := f.beginPgx(ctx, op, c)
@@ -99,7 +118,7 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 // (seenFloors), the early read of the floor, in one round trip. It returns
 // the floor read, or c.Token when it read none.
 func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pgxpool.Conn, pgx.Tx, leasecore.Token, error) {
-	conn, err := f.pgx.Acquire(ctx)
+	conn, err := f.pool.Acquire(ctx)
 	if err != nil {
 		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -194,7 +213,7 @@ func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
 // attempt in the transaction. Either raises fencepg's rejection (see
 // rejectedFloor) when the floor is not the token, so the COMMIT behind it
 // does not run.
-func (f *Fence) queueCommitCheck(b *pgx.Batch, c leasecore.Claim) {
+func (f *fenceCore) queueCommitCheck(b *pgx.Batch, c leasecore.Claim) {
 	if f.logAll() {
 		b.Queue(f.stmt.checkOrRaise, f.args(c, false)...)
 		return
@@ -202,12 +221,12 @@ func (f *Fence) queueCommitCheck(b *pgx.Batch, c leasecore.Claim) {
 	b.Queue(f.stmt.guardOrRaise, c.Scope, int64(c.Token))
 }
 
-// raiseArgs are the advance's parameters when RunTx or RunSQLTx raise a
+// raiseArgs are the advance's parameters when either RunTx raises a
 // floor below the token before the caller's function runs: nothing is
 // logged there (the read that follows decides, and a rejection is logged
 // once, by outcome; with leasecore.LogAll the accepted attempt is logged
 // by the comparison at commit).
-func (f *Fence) raiseArgs(c leasecore.Claim) []any {
+func (f *fenceCore) raiseArgs(c leasecore.Claim) []any {
 	args := f.args(c, false)
 	args[3] = false
 	return args
@@ -239,10 +258,10 @@ func (f *Fence) raisePgx(ctx context.Context, op string, c leasecore.Claim, tx p
 	return leasecore.Token(floor), nil
 }
 
-// raiseSQL is raisePgx for RunSQLTx, whose caller has rolled its
+// raiseSQL is raisePgx for FenceDB.RunTx, whose caller has rolled its
 // transaction back: the advance in a transaction of its own on the pool,
 // with the lock timeout.
-func (f *Fence) raiseSQL(ctx context.Context, op string, c leasecore.Claim) error {
+func (f *FenceDB) raiseSQL(ctx context.Context, op string, c leasecore.Claim) error {
 	tx, err := f.beginSQLTx(ctx, op)
 	if err != nil {
 		return err
@@ -262,7 +281,7 @@ func (f *Fence) raiseSQL(ctx context.Context, op string, c leasecore.Claim) erro
 // only be at or above it: right after it was raised to c.Token, or under
 // the share lock of a check that it equals c.Token. Floors only go up, so
 // it was written outside the fence.
-func (f *Fence) notBelow(op string, c leasecore.Claim, floor int64) error {
+func (f *fenceCore) notBelow(op string, c leasecore.Claim, floor int64) error {
 	if leasecore.Token(floor) >= c.Token {
 		return nil
 	}
@@ -271,7 +290,7 @@ func (f *Fence) notBelow(op string, c leasecore.Claim, floor int64) error {
 }
 
 // accepted reports and returns an accepted commit.
-func (f *Fence) accepted(op string, c leasecore.Claim) leasecore.Result {
+func (f *fenceCore) accepted(op string, c leasecore.Claim) leasecore.Result {
 	res := leasecore.Result{Accepted: true, Floor: c.Token}
 	if f.cfg.observe != nil {
 		f.report(op, c, res, nil)
@@ -279,17 +298,16 @@ func (f *Fence) accepted(op string, c leasecore.Claim) leasecore.Result {
 	return res
 }
 
-// RunSQLTx is RunTx for database/sql. BEGIN, the early read and (with a
-// lock timeout) its setting are one round trip each; at the end the
-// comparison and COMMIT are two, since database/sql cannot pipeline them:
-// the comparison's share lock of the floor row is held for the one round
-// trip between them, and a holder frozen exactly there is ended by the
-// idle-in-transaction timeout like one frozen inside fn. A Fence made by
-// NewFence returns an error wrapping leasecore.ErrInvalidArgument: use
-// RunTx.
-func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
-	const op = "run sql tx"
-	if err := f.checkRun(ctx, op, c, fn == nil, f.sql == nil, "RunTx"); err != nil {
+// RunTx is Fence.RunTx on the FenceDB's database/sql pool, with fn
+// given a *sql.Tx. BEGIN, the early read and (with a lock timeout) its
+// setting are one round trip each; at the end the comparison and COMMIT
+// are two, since database/sql cannot pipeline them: the comparison's share
+// lock of the floor row is held for the one round trip between them, and
+// a holder frozen exactly there is ended by the idle-in-transaction
+// timeout like one frozen inside fn.
+func (f *FenceDB) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
+	const op = "run tx"
+	if err := f.checkRun(ctx, op, c, fn == nil); err != nil {
 		return leasecore.Result{}, err
 	}
 	tx, floor, err := f.beginSQL(ctx, op, c)
@@ -313,7 +331,7 @@ func (f *Fence) RunSQLTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql
 		f.seen.saw(c.Scope, floor)
 		return f.outcome(ctx, op, c, int64(floor))
 	}
-	// RunSQLTx's own first statements have returned: how long the
+	// RunTx's own first statements have returned: how long the
 	// transaction can have sat idle is at most the time since.
 	since := time.Now()
 	if err, lost := runFn(tx, fn); err != nil {
@@ -343,15 +361,15 @@ func runFn(tx *sql.Tx, fn func(*sql.Tx) error) (err error, lost bool) {
 // lib/pq turns the server's FATAL error for a session it ended into
 // driver.ErrBadConn and the reason is lost (pgx's stdlib driver keeps it,
 // SQLSTATE 25P03, which MapError names); the most common reason inside a
-// transaction is idle_in_transaction_session_timeout. RunSQLTx knows the
+// transaction is idle_in_transaction_session_timeout. RunTx knows the
 // timeout it set (since is when its own first statements returned; fn's
 // are not timed): when the transaction had been open longer than that,
-// the error says that the server most likely ended it. For CommitTx,
-// since is zero: the caller's transaction is not the Fence's to time.
+// the error says that the server most likely ended it. For Commit,
+// since is zero: the caller's transaction is not the fence's to time.
 // mapped is MapError's error for err; lost reports that a rollback found
 // the connection broken, which fn's error (formatted, not wrapped) may
 // hide.
-func (f *Fence) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
+func (f *FenceDB) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
 	var coded interface{ SQLState() string }
 	if errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
 		return mapped
@@ -372,8 +390,8 @@ func (f *Fence) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
 
 // beginSQLTx begins a Read Committed transaction on the database/sql
 // pool with the lock timeout, when one is set.
-func (f *Fence) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
-	tx, err := f.sql.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+func (f *FenceDB) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
+	tx, err := f.sqlDB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
 		return nil, pgstore.MapError(ctx, pkg, op, err)
 	}
@@ -387,11 +405,11 @@ func (f *Fence) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
 	return tx, nil
 }
 
-// beginSQL begins RunSQLTx's transaction with its settings and, unless
+// beginSQL begins RunTx's transaction with its settings and, unless
 // this Fence has seen the floor at c.Token already (seenFloors), reads the
 // floor, taking no lock. It returns the floor read, or c.Token when it
 // read none.
-func (f *Fence) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*sql.Tx, leasecore.Token, error) {
+func (f *FenceDB) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*sql.Tx, leasecore.Token, error) {
 	tx, err := f.beginSQLTx(ctx, op)
 	if err != nil {
 		return nil, 0, err
@@ -412,10 +430,10 @@ func (f *Fence) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*sq
 }
 
 // commitSQL compares c with the floor as the last statement of tx and
-// commits tx when the floor is c.Token, else rolls it back: RunSQLTx's end
-// (since is when RunSQLTx's last statement before fn returned) and
-// CommitTx (since is zero: the caller's transaction is not ours to time).
-func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecore.Claim, since time.Time) (leasecore.Result, error) {
+// commits tx when the floor is c.Token, else rolls it back: RunTx's end
+// (since is when RunTx's last statement before fn returned) and Commit
+// (since is zero: the caller's transaction is not ours to time).
+func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecore.Claim, since time.Time) (leasecore.Result, error) {
 	var floor int64
 	err := sql.ErrNoRows
 	if !f.logAll() {
@@ -460,7 +478,9 @@ func (f *Fence) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecor
 // returns pgx.ErrTxClosed, as after tx.Commit. An error means tx was
 // rolled back, or — an error wrapping leasecore.ErrUnavailable or the
 // context's, the connection lost during the round trip — that the outcome
-// is unknown.
+// is unknown: resolve it with a key of your own written in tx, as
+// RunTx's documentation describes (the attempt log and the floor cannot
+// tell which transaction of a holder committed).
 //
 // Until Commit the fence holds no lock for tx, so a newer holder never
 // waits on the fence for it; tx's own statements hold their row locks
@@ -503,16 +523,18 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 	return f.accepted(op, c), nil
 }
 
-// CommitTx is Commit for a database/sql transaction: the comparison and
+// Commit is Fence.Commit for a database/sql transaction: the comparison and
 // COMMIT are two round trips (database/sql cannot pipeline them), so the
 // comparison's share lock of the floor row is held for the one round trip
 // between them. Accepted: tx is committed. Rejected or an error: tx is
 // rolled back — except for an error of the COMMIT itself (its message
-// says "commit"), whose outcome is unknown when the connection broke. A
-// connection that broke before the COMMIT was sent says that nothing was
-// committed; lib/pq does not report why a server ended a session, most
-// often idle_in_transaction_session_timeout inside a transaction.
-func (f *Fence) CommitTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
+// says "commit: commit"), whose outcome is unknown when the connection
+// broke: resolve it with a key of your own written in tx, as
+// Fence.RunTx's documentation describes. A connection that broke before
+// the COMMIT was sent says that nothing was committed; lib/pq does not
+// report why a server ended a session, most often
+// idle_in_transaction_session_timeout inside a transaction.
+func (f *FenceDB) Commit(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
@@ -525,26 +547,23 @@ func (f *Fence) CommitTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (le
 
 // logAll reports whether every attempt is logged (leasecore.LogAll): the
 // accepted one only the full check logs.
-func (f *Fence) logAll() bool { return f.cfg.log == leasecore.LogAll }
+func (f *fenceCore) logAll() bool { return f.cfg.log == leasecore.LogAll }
 
 // idleSetting is the idle timeout as set_config takes it, nil to leave the
 // server's setting.
-func (f *Fence) idleSetting() any {
+func (f *fenceCore) idleSetting() any {
 	if d := f.cfg.idleInTxTimeout; d > 0 {
 		return strconv.FormatInt(d.Milliseconds(), 10)
 	}
 	return nil
 }
 
-func (f *Fence) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn, wrongPool bool, other string) error {
+func (f *fenceCore) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn bool) error {
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return err
 	}
 	if nilFn {
 		return &leasecore.ArgError{Op: op, Field: "fn", Reason: "must not be nil"}
-	}
-	if wrongPool {
-		return &leasecore.ArgError{Op: op, Field: "fence", Reason: "was made on the other kind of pool: use " + other}
 	}
 	return nil
 }

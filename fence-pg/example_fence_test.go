@@ -77,7 +77,7 @@ func ExampleFence_RunTx() {
 }
 
 // The same with database/sql (lib/pq, or pgx's stdlib driver).
-func ExampleFence_RunSQLTx() {
+func ExampleFenceDB_RunTx() {
 	ctx := context.Background()
 	db, err := sql.Open("postgres", os.Getenv("APP_DATABASE_URL"))
 	if err != nil {
@@ -89,7 +89,7 @@ func ExampleFence_RunSQLTx() {
 		log.Fatal(err)
 	}
 	var token leasecore.Token = 7 // Session.Token() of the caller's lease
-	res, err := fence.RunSQLTx(ctx, leasecore.Claim{Scope: "invoices", Writer: "host-1", Token: token},
+	res, err := fence.RunTx(ctx, leasecore.Claim{Scope: "invoices", Writer: "host-1", Token: token},
 		func(tx *sql.Tx) error {
 			_, err := tx.ExecContext(ctx, `INSERT INTO job_run (day, total) VALUES (current_date, $1)`, 1234)
 			return err

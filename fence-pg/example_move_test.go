@@ -21,7 +21,7 @@ import (
 // db2 as it was at db1. If the mover crashes in between, run it again:
 // both steps are idempotent, and until the install every write is
 // rejected.
-func ExampleFence_SealScope() {
+func ExampleFence_Seal() {
 	ctx := context.Background()
 	oldPool, err := pgxpool.New(ctx, os.Getenv("DB1_URL"))
 	if err != nil {
@@ -53,7 +53,7 @@ func ExampleFence_SealScope() {
 		var err error
 		// Waits for the transactions that passed their check; every check
 		// after it is rejected.
-		if seal, err = oldFence.SealScope(ctx, tx, "invoices", "db2"); err != nil {
+		if seal, err = oldFence.Seal(ctx, tx, "invoices", "db2"); err != nil {
 			return err // a *leasecore.ScopeMovedError: sealed for another destination before
 		}
 		rs, err := tx.Query(ctx, `SELECT id, amount FROM invoice WHERE scope = 'invoices'`)
@@ -73,7 +73,7 @@ func ExampleFence_SealScope() {
 	// 2. db2: install first, then write the rows, in one transaction.
 	errNewer := errors.New("a newer holder already wrote at db2")
 	err = pgx.BeginFunc(ctx, newPool, func(tx pgx.Tx) error {
-		res, err := newFence.InstallScope(ctx, tx, seal) // the floor becomes seal.Floor, with its token space
+		res, err := newFence.Install(ctx, tx, seal) // the floor becomes seal.Floor, with its token space
 		if err != nil {
 			return err
 		}

@@ -20,26 +20,26 @@ import (
 )
 
 // Fence is the scope fence over the floor table of one database, for the
-// caller's own data: it compares a leasecore.Claim with the scope's floor
-// in the same transaction that writes the caller's rows. The promise: a
-// fenced transaction commits only if, when it commits, no token larger
-// than its claim's has been accepted or advanced for its scope (I3), and a
-// stale holder's transaction is rejected whole. The comparison is the
-// last statement before COMMIT, so a newer holder's Advance or write never
-// waits on the fence for an older holder's open transaction, however long
-// that holder is frozen or slow inside it (it may still wait on row locks
-// of the caller's own tables, which the idle-in-transaction timeout
-// bounds). The caller's tables and the fence's tables (fence_floor,
-// write_attempt) must be in the same database.
+// caller's own data, on a pgx pool (NewFence; FenceDB is the same fence on
+// a database/sql pool): it compares a leasecore.Claim with the scope's
+// floor in the same transaction that writes the caller's rows. The
+// promise: a fenced transaction commits only if, when it commits, no token
+// larger than its claim's has been accepted or advanced for its scope
+// (I3), and a stale holder's transaction is rejected whole. The comparison
+// is the last statement before COMMIT, so a newer holder's Advance or
+// write never waits on the fence for an older holder's open transaction,
+// however long that holder is frozen or slow inside it (it may still wait
+// on row locks of the caller's own tables, which the idle-in-transaction
+// timeout bounds). The caller's tables and the fence's tables
+// (fence_floor, write_attempt) must be in the same database.
 //
 // Four ways to use it, from the least control to the most:
 //
-//   - RunTx (pgx) or RunSQLTx (database/sql): begin, run the caller's
-//     function, compare and commit;
-//   - Commit (pgx) or CommitTx (database/sql): compare and commit a
-//     transaction the caller began and filled itself;
-//   - SendBatch (pgx): the check and the caller's statements in one
-//     pipeline, one round trip, one implicit transaction;
+//   - RunTx: begin, run the caller's function, compare and commit;
+//   - Commit: compare and commit a transaction the caller began and
+//     filled itself;
+//   - SendBatch (Fence only): the check and the caller's statements in
+//     one pipeline, one round trip, one implicit transaction;
 //   - Advance: raise the floor without writing, so a new holder cuts the
 //     old one off right after it acquires.
 //
@@ -53,7 +53,7 @@ import (
 // raised it (column token_space); the space is read only after a
 // rejection, so accepted checks cost what they did. A floor raised before
 // the column existed, or by a claim without a space, gives the ordinary
-// rejection. A scope moved to another database (SealScope, InstallScope;
+// rejection. A scope moved to another database (Seal, Install;
 // leasecore.ScopeSeal) is rejected here whatever the token, with
 // Result.Floor leasecore.SealedFloor and a *leasecore.ScopeMovedError
 // naming where it went (errors.Is leasecore.ErrScopeMoved), read on the
@@ -62,46 +62,60 @@ import (
 //
 // The comparison is written for Read Committed, PostgreSQL's default
 // isolation level: it relies on a blocked lock re-reading the newest
-// version of the floor row (PostgreSQL docs §13.2.1). RunTx and RunSQLTx
-// begin their transactions at that level explicitly, whatever the
-// server's default.
-// The Fence's own single statements (Advance, and SendBatch's pipeline
+// version of the floor row (PostgreSQL docs §13.2.1). RunTx begins its
+// transactions at that level explicitly, whatever the server's default.
+// The fence's own single statements (Advance, and SendBatch's pipeline
 // when it is not sent on a transaction) cannot choose their level: on a
 // server, database or role that defaults to Repeatable Read or
 // Serializable they are sent again after a serialization failure (SQLSTATE
 // 40001), which at those levels takes the place of the re-read. In a
-// caller's own Repeatable Read or Serializable transaction (Commit,
-// CommitTx) the comparison stays correct, but where Read Committed would
-// re-read it fails the transaction
-// with an error wrapping leasecore.ErrUnavailable: roll back and run the
-// whole transaction again.
+// caller's own Repeatable Read or Serializable transaction (Commit) the
+// comparison stays correct, but where Read Committed would re-read it
+// fails the transaction with an error wrapping leasecore.ErrUnavailable:
+// roll back and run the whole transaction again.
 //
-// Everything the Fence commits, and every fenced transaction of the
+// Everything the fence commits, and every fenced transaction of the
 // caller's, commits durably: where synchronous_commit defaults to off or
 // local, the comparison sets it to on for its transaction, so an
 // acknowledged floor (and the rows written under it) survives a crash.
 //
 // A Fence is safe for concurrent use.
 type Fence struct {
-	db   dbx.DB        // Advance, the rejection log, reads, RunSQLTx
-	pgx  *pgxpool.Pool // RunTx; nil for a Fence made by NewFenceDB
-	sql  *sql.DB       // RunSQLTx; nil for a Fence made by NewFence
+	fenceCore
+	pool *pgxpool.Pool // RunTx's transactions
+}
+
+// FenceDB is Fence on a database/sql pool (lib/pq, or pgx's stdlib
+// driver), from NewFenceDB: the same fence, with the same methods for the
+// same acts (RunTx, Commit, Advance, ...), taking *sql.Tx where Fence
+// takes pgx.Tx, and without SendBatch, which needs pgx's pipeline. Where
+// database/sql cannot pipeline, RunTx and Commit take one more round trip
+// (see each). A FenceDB is safe for concurrent use.
+type FenceDB struct {
+	fenceCore
+	sqlDB *sql.DB // RunTx's transactions
+}
+
+// fenceCore is what Fence and FenceDB share: everything but the caller's
+// transactions, which are of the pool's driver.
+type fenceCore struct {
+	db   dbx.DB // Advance, the rejection log, the reads
 	cfg  config
 	stmt fenceSQL
 	read pgstore.Reader
-	seen seenFloors // RunTx's and RunSQLTx's early reads that can be skipped
+	seen seenFloors // RunTx's early reads that can be skipped
 }
 
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
-	// the fast paths (floor = token), the first statements of RunTx/RunSQLTx
+	// the fast paths (floor = token), the first statements of RunTx
 	shared, earlyRead, settings, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
 }
 
-func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fence {
+func newFenceCore(db dbx.DB, cfg config) fenceCore {
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
-	return &Fence{db: db, pgx: pgxPool, sql: sqlDB, cfg: cfg,
+	return fenceCore{db: db, cfg: cfg,
 		stmt: fenceSQL{
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
@@ -114,8 +128,9 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 	}
 }
 
-// DefaultIdleInTransactionTimeout bounds how long a transaction of RunTx or
-// RunSQLTx may sit idle between two of its statements (see WithTimeouts).
+// DefaultIdleInTransactionTimeout bounds how long a transaction of RunTx
+// (Fence's or FenceDB's) may sit idle between two of its statements (see
+// WithTimeouts).
 // A holder frozen inside its transaction (a GC pause, SIGSTOP) holds no
 // lock of the fence's, but it still holds the row locks its statements
 // took on the caller's tables, and a newer writer of those rows waits for
@@ -123,9 +138,16 @@ func newFence(db dbx.DB, pgxPool *pgxpool.Pool, sqlDB *sql.DB, cfg config) *Fenc
 // transaction rolls back, and those locks are freed.
 const DefaultIdleInTransactionTimeout = 5 * time.Second
 
-// Option configures NewFence, NewFenceDB, NewResource, NewResourceDB and
-// (WithSchema and WithoutNotifications only) NewLeaseStore and
-// NewLeaseStoreDB.
+// Option configures the constructors of the package. Each option's
+// documentation says which it affects; a constructor ignores the others:
+//
+//   - NewFence and NewFenceDB: WithSchema, WithAttemptLog, WithTimeouts,
+//     WithFenceObserver and WithLogger;
+//   - NewResource and NewResourceDB: the same but WithTimeouts (a write is
+//     one statement);
+//   - NewLeaseStore and NewLeaseStoreDB: WithSchema, WithoutNotifications
+//     and WithSharedLeases;
+//   - NewOutbox and NewOutboxDB: WithSchema.
 type Option func(*config)
 
 type config struct {
@@ -135,7 +157,7 @@ type config struct {
 	idleInTxTimeout time.Duration
 	noNotify        bool                       // WithoutNotifications
 	observe         func(leasecore.FenceEvent) // WithFenceObserver, WithLogger
-	holderSessions  bool                       // WithHolderSessions (lease stores only)
+	sharedLeases    bool                       // WithSharedLeases (lease stores only)
 }
 
 func newConfig(op string, opts []Option) (config, error) {
@@ -165,13 +187,14 @@ func newConfig(op string, opts []Option) (config, error) {
 // leasecore.LogRejected (the default), leasecore.LogAll or
 // leasecore.LogNone. An accepted check's entry commits with the caller's
 // transaction; a rejected check's entry is written on a connection of the
-// Fence's own pool, so it stays when the caller's transaction rolls back.
+// fence's own pool, so it stays when the caller's transaction rolls back.
 func WithAttemptLog(m leasecore.AttemptLog) Option {
 	return func(c *config) { c.log = m }
 }
 
-// WithSchema puts the library's tables (and its one function) in the
-// PostgreSQL schema name instead of DefaultSchema: a lower-case unquoted
+// WithSchema puts the library's tables, and its functions and triggers
+// (LeaseDDL and ResourceDDL name the functions), in the PostgreSQL schema
+// name instead of DefaultSchema: a lower-case unquoted
 // identifier (letters a-z, digits, underscores; not starting with a digit
 // or "pg_"). Every store of one database that shares tables must use the
 // same schema. Migrate creates the schema if it does not exist.
@@ -180,15 +203,15 @@ func WithSchema(name string) Option {
 }
 
 // WithTimeouts sets the lock_timeout and idle_in_transaction_session_timeout
-// that RunTx and RunSQLTx set for their own transactions, with SET LOCAL
-// semantics (SendBatch sets the lock timeout only: a pipeline is never idle
-// inside its transaction). Zero leaves the server's setting.
+// that RunTx (Fence's and FenceDB's) sets for its own transactions, with
+// SET LOCAL semantics (SendBatch sets the lock timeout only: a pipeline is
+// never idle inside its transaction). Zero leaves the server's setting.
 //
 // The defaults: no lock timeout — the caller's context bounds a wait for
 // a lock — and DefaultIdleInTransactionTimeout. The idle timeout costs
 // nothing (it rides on the early read of the floor); a lock timeout costs
-// one more statement in the first round trip. Commit and CommitTx end the
-// caller's transaction and set nothing: set
+// one more statement in the first round trip. Commit ends the caller's
+// transaction and sets nothing: set
 // idle_in_transaction_session_timeout yourself (per transaction, per role
 // or per database) if a holder could be frozen inside such a transaction.
 func WithTimeouts(lock, idleInTransaction time.Duration) Option {
@@ -225,12 +248,12 @@ func NewFence(pool *pgxpool.Pool, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFence(dbx.FromPool(pool), pool, nil, cfg), nil
+	return &Fence{fenceCore: newFenceCore(dbx.FromPool(pool), cfg), pool: pool}, nil
 }
 
 // NewFenceDB is NewFence for a database/sql pool (lib/pq, or pgx's stdlib
-// driver).
-func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
+// driver): it returns a FenceDB, whose RunTx and Commit take *sql.Tx.
+func NewFenceDB(db *sql.DB, opts ...Option) (*FenceDB, error) {
 	const op = "new fence"
 	if db == nil {
 		return nil, &leasecore.ArgError{Op: op, Field: "db", Reason: "must not be nil"}
@@ -239,12 +262,12 @@ func NewFenceDB(db *sql.DB, opts ...Option) (*Fence, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFence(dbx.FromSQL(db), nil, db, cfg), nil
+	return &FenceDB{fenceCore: newFenceCore(dbx.FromSQL(db), cfg), sqlDB: db}, nil
 }
 
 // Migrate creates the fence's tables (and the part store's) if they do not
 // exist, then runs CheckSchema; see Resource.Migrate.
-func (f *Fence) Migrate(ctx context.Context) error {
+func (f *fenceCore) Migrate(ctx context.Context) error {
 	if err := pgstore.Migrate(ctx, f.db, pkg, ddl(resourceScript(), f.cfg.schema)); err != nil {
 		return err
 	}
@@ -252,23 +275,25 @@ func (f *Fence) Migrate(ctx context.Context) error {
 }
 
 // CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
-// the table or column, whether the fence's tables in its schema are missing,
-// out of date, foreign (another table of the same name), or not visible to
-// this pool's role. Preflight runs it after checking the connection, the
-// server's durability and the role's grants: call Preflight at start-up.
-func (f *Fence) CheckSchema(ctx context.Context) error {
-	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.ResourceColumns, pgsql.ResourceFunctions)
+// the table or column, whether the fence's tables in its schema
+// (fence_floor, write_attempt; not the part store's report_part) are
+// missing, out of date, foreign (another table of the same name), or not
+// visible to this pool's role. Preflight runs it after checking the
+// connection, the server's durability and the role's grants: call
+// Preflight at start-up.
+func (f *fenceCore) CheckSchema(ctx context.Context) error {
+	return pgstore.CheckSchema(ctx, f.db, pkg, f.cfg.schema, pgsql.FenceColumns, pgsql.ResourceFunctions)
 }
 
-// Querier is what SealScope and InstallScope need from a pgx transaction:
+// Querier is what Fence.Seal and Fence.Install need from a pgx transaction:
 // pgx.Tx, *pgx.Conn, *pgxpool.Conn and *pgxpool.Tx all have it.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // check validates c, runs stmt with the check's parameters, and logs a
-// rejection on the Fence's own pool.
-func (f *Fence) check(ctx context.Context, op string, c leasecore.Claim, stmt func(args []any) (int64, error)) (leasecore.Result, error) {
+// rejection on the fence's own pool.
+func (f *fenceCore) check(ctx context.Context, op string, c leasecore.Claim, stmt func(args []any) (int64, error)) (leasecore.Result, error) {
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
 	}
@@ -283,14 +308,14 @@ func (f *Fence) check(ctx context.Context, op string, c leasecore.Claim, stmt fu
 
 // args are the parameters $1..$6 every fence statement takes. logRejected
 // is false for a statement in a transaction the caller may roll back.
-func (f *Fence) args(c leasecore.Claim, logRejected bool) []any {
+func (f *fenceCore) args(c leasecore.Claim, logRejected bool) []any {
 	return []any{c.Scope, int64(c.Token), c.Writer, f.cfg.log == leasecore.LogAll,
 		logRejected && f.cfg.log != leasecore.LogNone, c.Space}
 }
 
 // outcome turns the floor a check left into a Result, logging a rejection
 // and diagnosing a floor from another token space.
-func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor int64) (leasecore.Result, error) {
+func (f *fenceCore) outcome(ctx context.Context, op string, c leasecore.Claim, floor int64) (leasecore.Result, error) {
 	res := leasecore.Result{Accepted: leasecore.Token(floor) == c.Token, Floor: leasecore.Token(floor)}
 	if !res.Accepted {
 		logErr := f.logRejected(ctx, op, c, "", res.Floor)
@@ -306,13 +331,13 @@ func (f *Fence) outcome(ctx context.Context, op string, c leasecore.Claim, floor
 
 // spaceError is the rejection path's diagnosis: when c names its token
 // space, it reads the scope's floor and the space stored with it (one
-// statement on the Fence's pool, after the check) and returns a
+// statement on the fence's pool, after the check) and returns a
 // *leasecore.TokenSpaceError when the floor's space is known and another.
 // It returns nil for an ordinary rejection and for a claim without a space
 // (then nothing is read). Like logRejected it runs under ctx: when ctx has
 // ended, the rejection comes back with an error wrapping ctx's instead of
 // the diagnosis.
-func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) error {
+func (f *fenceCore) spaceError(ctx context.Context, op string, c leasecore.Claim) error {
 	if c.Space == "" {
 		return nil
 	}
@@ -330,12 +355,12 @@ func (f *Fence) spaceError(ctx context.Context, op string, c leasecore.Claim) er
 	return backendkit.TokenSpaceMismatch(op, c, leasecore.Token(floor), space)
 }
 
-// logRejected records a rejected check in autocommit on the Fence's pool,
+// logRejected records a rejected check in autocommit on the fence's pool,
 // under ctx like every statement of the call: a caller whose ctx ends right
 // after the rejection gets the rejection with an error wrapping ctx's, and
 // the attempt is not logged (a record written after the caller's deadline
 // would be the call outlasting it).
-func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, part string, floor leasecore.Token) error {
+func (f *fenceCore) logRejected(ctx context.Context, op string, c leasecore.Claim, part string, floor leasecore.Token) error {
 	if f.cfg.log == leasecore.LogNone {
 		return nil
 	}
@@ -349,7 +374,7 @@ func (f *Fence) logRejected(ctx context.Context, op string, c leasecore.Claim, p
 // queueLockTimeout queues the lock timeout, when one is set, for the rest
 // of the transaction (set_config with is_local: a pipeline's statements go
 // through the extended protocol, one statement each).
-func (f *Fence) queueLockTimeout(b *pgx.Batch) {
+func (f *fenceCore) queueLockTimeout(b *pgx.Batch) {
 	if d := f.cfg.lockTimeout; d > 0 {
 		b.Queue("SELECT set_config('lock_timeout', $1::text, true)", strconv.FormatInt(d.Milliseconds(), 10))
 	}
@@ -388,7 +413,16 @@ type BatchSender interface {
 // may be sent twice; their callbacks (QueuedQuery.Exec, Query, QueryRow)
 // run only for the pipeline that was applied. b itself is not changed. An
 // error from one of b's statements is returned (wrapped), and nothing of
-// b took effect, though the floor may have been advanced to c.Token.
+// b took effect.
+//
+// The advance of a floor below c.Token is a request, and a transaction,
+// of its own, committed before the pipeline is sent. So SendBatch can
+// commit that raise and still return a rejection (a newer token passed the
+// floor between the advance and the pipeline) or an error (from one of b's
+// statements, a lost connection, ctx ending): then the scope's floor was
+// raised to c.Token and nothing of b was written. The raise is safe to
+// keep: it cuts off only holders older than c.Token, as c's own Advance
+// would.
 func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim, b *pgx.Batch) (leasecore.Result, error) {
 	const op = "send batch"
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
@@ -491,8 +525,8 @@ func rejectedFloor(err error) (int64, bool) {
 // token space);
 // rejected, changing nothing, when a newer token already passed — with a
 // *leasecore.TokenSpaceError when that token was from another token space
-// (see Fence). Logged as the Fence's attempt log says.
-func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+// (see Fence). Logged as the fence's attempt log says (WithAttemptLog).
+func (f *fenceCore) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	res, err := f.advance(ctx, c)
 	if f.cfg.observe != nil && res.Floor != 0 { // a Result, accepted or rejected
 		f.report("advance", c, res, err)
@@ -501,7 +535,7 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 }
 
 // advance is Advance without the report, for SendBatch too.
-func (f *Fence) advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
+func (f *fenceCore) advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "advance"
 	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
 		return leasecore.Result{}, err
@@ -523,20 +557,20 @@ func (f *Fence) advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 
 // Floor returns the scope's floor, 0 when the scope never accepted a
 // check.
-func (f *Fence) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
+func (f *fenceCore) Floor(ctx context.Context, scope string) (leasecore.Token, error) {
 	return f.read.Floor(ctx, scope)
 }
 
 // Attempts returns entries of the attempt log of q.Scope logged at or
 // after q.Since (by the database clock), oldest first, at most q.Limit.
 // A check's entry has an empty Part.
-func (f *Fence) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
+func (f *fenceCore) Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	return f.read.AttemptsSince(ctx, q)
 }
 
 // PruneAttempts deletes the entries of scope's attempt log logged before
 // before (by the database clock) and returns how many it deleted.
-func (f *Fence) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
+func (f *fenceCore) PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error) {
 	const op = "prune attempts"
 	if err := backendkit.CheckPrune(ctx, op, scope, before); err != nil {
 		return 0, err

@@ -25,12 +25,18 @@
 // there would still see an expired lease as held, and a renew would extend
 // from a stale instant (conformance case F2).
 //
+// What takes the caller's transaction comes in two types, one per driver,
+// with the same methods for the same acts: Fence and Outbox (from
+// NewFence and NewOutbox) take a pgx.Tx, FenceDB and OutboxDB (from
+// NewFenceDB and NewOutboxDB) a *sql.Tx. LeaseStore and Resource take no
+// transaction: each is one type, from a constructor per pool.
+//
 // Expiry is decided by the database clock only. Grant.Start is the local
 // monotonic time read before the request was sent; compare it only with the
 // same process's clock (see leasecore.Grant.LocalDeadline).
 //
 // By default each lease name has its own expiry, and RenewAll updates one
-// row per name. With WithHolderSessions a holder's names of one TTL hang on
+// row per name. With WithSharedLeases a holder's names of one TTL hang on
 // one session row instead, which one UPDATE renews (see LeaseStore).
 //
 // Errors wrap leasecore's sentinels: leasecore.ErrInvalidArgument (bad input,
@@ -78,8 +84,8 @@
 // is unknown (when the context has ended, it waits for the holder's next
 // call through the store; see LeaseStore). A database/sql transaction is
 // bound to the context given to BeginTx, which bounds its COMMIT and
-// ROLLBACK: RunSQLTx passes its own; with CommitTx, begin the transaction
-// with the same context (or one that ends no later).
+// ROLLBACK: FenceDB.RunTx passes its own; with FenceDB.Commit, begin the
+// transaction with the same context (or one that ends no later).
 //
 // lib/pq cannot honour a deadline against a server that stops answering (a
 // stopped process, a hung host, a network path that still acknowledges
@@ -87,8 +93,8 @@
 // connection (watchCancel in its conn_go18.go) and returns only once the
 // server answers on the statement's own connection; BEGIN, COMMIT and
 // ROLLBACK, which database/sql sends without a context, are not cancelled
-// at all. So every call on a lib/pq pool — RunSQLTx, CommitTx, Migrate and
-// every statement of the stores — waits until the server answers again or
+// at all. So every call on a lib/pq pool — FenceDB's RunTx and Commit,
+// Migrate and every statement of the stores — waits until the server answers again or
 // the kernel gives up on the TCP connection, whatever its context
 // (TestDeadlineLibpq: a call with a 300 ms deadline returned after 1 s,
 // when the held server answered again). No lib/pq setting changes that:

@@ -27,9 +27,9 @@ import (
 // transaction pooler, waiting falls back to polling or to that remaining
 // time). It is safe for concurrent use.
 //
-// # Holder sessions
+// # Shared leases: holder sessions
 //
-// With WithHolderSessions the store hangs all names of one holder and TTL
+// With WithSharedLeases the store hangs all names of one holder and TTL
 // on one row of table holder_session (holder, TTL, session id, expiry),
 // like the locks of one Chubby session or the keys of one etcd lease, and
 // each name's row points at its session instead of carrying an expiry of
@@ -85,7 +85,7 @@ type LeaseStore struct {
 	schema string
 	stmt   struct{ acquire, acquireAll, renew, release, renewAll, inspect string }
 
-	// Holder sessions (WithHolderSessions).
+	// Holder sessions (WithSharedLeases).
 	sessions     bool
 	sess         sessionStatements
 	undos        undoQueue
@@ -111,7 +111,7 @@ var (
 
 // NewLeaseStore returns a lease store on a pgx pool connected to the lease
 // database. Of the options only WithSchema, WithoutNotifications and
-// WithHolderSessions apply.
+// WithSharedLeases apply.
 // A nil pool or an invalid option returns a *leasecore.ArgError. The caller
 // keeps ownership of the pool and closes it.
 func NewLeaseStore(pool *pgxpool.Pool, opts ...Option) (*LeaseStore, error) {
@@ -145,7 +145,7 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: cfg.holderSessions}
+	s := &LeaseStore{db: db, schema: cfg.schema, noNotify: cfg.noNotify, sessions: cfg.sharedLeases}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
 	s.stmt.acquire, s.stmt.renew, s.stmt.release = in(pgsql.Acquire), in(pgsql.Renew), in(pgsql.Release)
 	s.stmt.renewAll, s.stmt.inspect = in(pgsql.RenewAll), in(pgsql.Inspect)
@@ -157,17 +157,17 @@ func newLeaseStore(db dbx.DB, opts []Option) (*LeaseStore, error) {
 }
 
 // Acquire implements leasecore.Lease: one INSERT ... ON CONFLICT DO UPDATE
-// (see the statement in internal/pgsql) that takes the lease when it is
+// on the lease table, in autocommit, that takes the lease when it is
 // absent, expired or released and returns token + 1 (1 for a new name).
 // While the lease is held, by anyone, it returns a *leasecore.HoldError
 // wrapping leasecore.ErrHeld and changes nothing. Grant.Start is read just
 // before the request is sent. Grant.Space is the lease schema's token space,
 // "postgres:<uuid>", returned by the same statement (see LeaseDDL).
 //
-// With holder sessions it attaches the name to the holder's session of
-// ttl instead, refreshing or starting that session (see LeaseStore, and
-// pgsql.AcquireSession for the statement); a refusal's HoldError names
-// the current holder and token.
+// With shared leases (WithSharedLeases) it attaches the name to the
+// holder's session of ttl instead, refreshing or starting that session in
+// the same statement (see LeaseStore); a refusal's HoldError names the
+// current holder and token.
 func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
 	if s.sessions {
 		return s.acquireSession(ctx, name, holder, ttl)
@@ -267,7 +267,7 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 	case r.released:
 		return "released"
 	case r.onSession:
-		return "it hangs on a holder session: a store with WithHolderSessions acquired it " +
+		return "it hangs on a holder session: a store with WithSharedLeases acquired it " +
 			"(every store that acquires, renews or releases one holder's names must use the same mode)"
 	case !r.held:
 		return "expired"
@@ -277,14 +277,14 @@ func (r leaseRow) lostReason(g leasecore.Grant) string {
 	return "changed concurrently (released, or expired and taken over, while this statement ran)"
 }
 
-// RenewAll implements backendkit.BatchRenewer with one statement (RenewAll
-// in internal/pgsql) for all of one holder's leases: a holder that owns
+// RenewAll implements backendkit.BatchRenewer with one statement for all
+// of one holder's leases (one UPDATE of their rows): a holder that owns
 // many names (shard ownership) renews them with one round trip per
 // interval instead of one per name. Each lease is judged by Renew's rule
 // and keeps its own token; the statement returns only the leases it did
 // not renew, with their rows as they were, so lost[i] says why.
 //
-// With holder sessions it updates the sessions the grants hang on instead:
+// With shared leases it updates the sessions the grants hang on instead:
 // one row for all of a holder's names of one TTL (see LeaseStore).
 func (s *LeaseStore) RenewAll(ctx context.Context, gs []leasecore.Grant) ([]leasecore.Grant, []error, error) {
 	const op = "renew all"

@@ -55,7 +55,7 @@ func checkSchemaName(op, name string) error {
 // by the server the first time the script runs there, never changed: see
 // leasecore.Grant.Space), for users who apply migrations with their own
 // tool instead of Migrate. It also creates the holder_session table of
-// WithHolderSessions and the function holder_session_expiry through which
+// WithSharedLeases and the function holder_session_expiry through which
 // every store reads a session's expiry, and adds the lease table's columns
 // of that mode to a table made before it. It is idempotent (CREATE ... IF
 // NOT EXISTS; a column is added only when missing). The runtime role then
@@ -63,7 +63,7 @@ func checkSchemaName(op, name string) error {
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
 //	GRANT SELECT, INSERT, UPDATE ON <schema>.lease TO <role>;
-//	GRANT SELECT, INSERT, UPDATE ON <schema>.holder_session TO <role>; -- with WithHolderSessions only
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.holder_session TO <role>; -- with WithSharedLeases only
 //
 // LeaseStore.Preflight checks them, and names any that is missing.
 func LeaseDDL(schema string) (string, error) {
@@ -81,15 +81,16 @@ func LeaseDDL(schema string) (string, error) {
 // needs:
 //
 //	GRANT USAGE ON SCHEMA <schema> TO <role>;
-//	GRANT SELECT, INSERT, UPDATE ON <schema>.fence_floor, <schema>.report_part TO <role>;
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.fence_floor TO <role>;
 //	GRANT SELECT, INSERT, DELETE ON <schema>.write_attempt TO <role>;
+//	GRANT SELECT, INSERT, UPDATE ON <schema>.report_part TO <role>; -- with Resource only
 //	GRANT SELECT, INSERT, UPDATE, DELETE ON <schema>.outbox TO <role>; -- with Outbox only
 //
 // (DELETE only for PruneAttempts and Outbox.PruneDelivered; EXECUTE on
 // fence_reject is granted to PUBLIC by default.) The module's tests run
 // every operation as a role with exactly these grants. Fence.Preflight,
-// Resource.Preflight and Outbox.Preflight check them (all but DELETE),
-// and name any that is missing.
+// Resource.Preflight and Outbox.Preflight check the ones each needs (all
+// but DELETE), and name any that is missing.
 func ResourceDDL(schema string) (string, error) {
 	if err := checkSchemaName("resource ddl", schema); err != nil {
 		return "", err
@@ -144,10 +145,14 @@ func (s *LeaseStore) columns() []pgsql.Column {
 // runs CheckSchema. It is idempotent, and two processes running it at once
 // serialise on an advisory lock inside its transaction.
 func (r *Resource) Migrate(ctx context.Context) error {
-	return r.fence.Migrate(ctx)
+	if err := pgstore.Migrate(ctx, r.fence.db, pkg, ddl(resourceScript(), r.fence.cfg.schema)); err != nil {
+		return err
+	}
+	return r.CheckSchema(ctx)
 }
 
-// CheckSchema is Fence.CheckSchema.
+// CheckSchema is Fence.CheckSchema, and also wants report_part, the part
+// store's table.
 func (r *Resource) CheckSchema(ctx context.Context) error {
-	return r.fence.CheckSchema(ctx)
+	return pgstore.CheckSchema(ctx, r.fence.db, pkg, r.fence.cfg.schema, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }

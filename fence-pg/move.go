@@ -16,7 +16,7 @@ import (
 // moveWriter is the writer an install's check names in the attempt log.
 const moveWriter = "leasefence scope move"
 
-// SealScope seals scope at this database, which the scope is moving away
+// Seal seals scope at this database, which the scope is moving away
 // from to the location the caller labels to ("db2"), inside the caller's
 // open transaction tx: the transaction that then reads the scope's rows to
 // copy them (see leasecore.ScopeSeal for the whole move). It raises the
@@ -24,7 +24,7 @@ const moveWriter = "leasefence scope move"
 // later check of the scope here is rejected — by the comparison every check
 // makes, with no condition of its own on the accepted path — and records,
 // in the floor's row, to, the floor it had and that floor's token space. It
-// returns them as the leasecore.ScopeSeal to give to InstallScope at the new
+// returns them as the leasecore.ScopeSeal to give to Install at the new
 // location.
 //
 // Call it first, then read the rows, in the same transaction, and commit
@@ -38,7 +38,7 @@ const moveWriter = "leasefence scope move"
 //
 // Sealing a sealed scope changes nothing and returns the ScopeSeal of the
 // first seal, so a move that crashed after its seal can run again. When
-// that first seal named another destination, SealScope returns that
+// that first seal named another destination, Seal returns that
 // ScopeSeal with a *leasecore.ScopeMovedError (errors.Is
 // leasecore.ErrScopeMoved): the scope left for there; roll back. A scope
 // that never had a floor here is sealed too, with Floor 0.
@@ -48,9 +48,9 @@ const moveWriter = "leasefence scope move"
 // destination (read only on the rejection path). Bad input (scope and to
 // are names, backendkit.CheckSeal) returns a *leasecore.ArgError before
 // anything is sent. A scope is not moved back to a database it was sealed
-// at: InstallScope refuses it there (see InstallScope).
-func (f *Fence) SealScope(ctx context.Context, tx Querier, scope, to string) (leasecore.ScopeSeal, error) {
-	const op = "seal scope"
+// at: Install refuses it there (see Install).
+func (f *Fence) Seal(ctx context.Context, tx Querier, scope, to string) (leasecore.ScopeSeal, error) {
+	const op = "seal"
 	if tx == nil {
 		return leasecore.ScopeSeal{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
 	}
@@ -61,9 +61,9 @@ func (f *Fence) SealScope(ctx context.Context, tx Querier, scope, to string) (le
 	})
 }
 
-// SealScopeTx is SealScope for a database/sql transaction.
-func (f *Fence) SealScopeTx(ctx context.Context, tx *sql.Tx, scope, to string) (leasecore.ScopeSeal, error) {
-	const op = "seal scope"
+// Seal is Fence.Seal for a database/sql transaction.
+func (f *FenceDB) Seal(ctx context.Context, tx *sql.Tx, scope, to string) (leasecore.ScopeSeal, error) {
+	const op = "seal"
 	if tx == nil {
 		return leasecore.ScopeSeal{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
 	}
@@ -74,7 +74,7 @@ func (f *Fence) SealScopeTx(ctx context.Context, tx *sql.Tx, scope, to string) (
 	})
 }
 
-func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args ...any) (string, error)) (leasecore.ScopeSeal, error) {
+func (f *fenceCore) seal(ctx context.Context, op, scope, to string, stmt func(args ...any) (string, error)) (leasecore.ScopeSeal, error) {
 	if err := backendkit.CheckSeal(ctx, op, scope, to); err != nil {
 		return leasecore.ScopeSeal{}, err
 	}
@@ -92,7 +92,7 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 	return s, nil
 }
 
-// InstallScope installs at this database a scope sealed at its old
+// Install installs at this database a scope sealed at its old
 // location, inside the caller's open transaction tx: the transaction that
 // writes the scope's rows here (see leasecore.ScopeSeal for the whole
 // move). It is the fence's own check with s.Floor as the token: the
@@ -109,8 +109,12 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 //     overwrite newer rows. A scope sealed here (it was moved away from
 //     this database before) is rejected with a *leasecore.ScopeMovedError:
 //     a sealed floor never goes down, so a scope does not come back to a
-//     database it left, except through the administrative reset (see the
-//     README).
+//     database it left, except through the administrative reset: an
+//     owner-privileged DELETE of the scope's floor row with
+//     leasefence_admin.allow_token_reset set, once every writer of the
+//     scope is routed away (the repository's docs/moving-scopes.md, "Not
+//     supported", and docs/security.md, "The administrative path is the
+//     owner's").
 //
 // Running it again after it committed, before any holder wrote here, is
 // accepted and changes nothing: the move can be rerun until the routing is
@@ -123,13 +127,13 @@ func (f *Fence) seal(ctx context.Context, op, scope, to string, stmt func(args .
 // It locks the floor row until tx ends, so a holder writing the scope here
 // waits for the move's transaction (the scope is sealed at its old
 // location meanwhile; no holder should be routed here yet). It commits
-// durably; a rejection is logged on the Fence's pool (writer "leasefence
+// durably; a rejection is logged on the fence's pool (writer "leasefence
 // scope move"). Bad input
 // (backendkit.CheckScopeSeal: the sealed floor itself, a space without a
 // floor, ...) returns a *leasecore.ArgError naming the field before
 // anything is sent.
-func (f *Fence) InstallScope(ctx context.Context, tx Querier, s leasecore.ScopeSeal) (leasecore.Result, error) {
-	const op = "install scope"
+func (f *Fence) Install(ctx context.Context, tx Querier, s leasecore.ScopeSeal) (leasecore.Result, error) {
+	const op = "install"
 	if tx == nil {
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
 	}
@@ -140,9 +144,9 @@ func (f *Fence) InstallScope(ctx context.Context, tx Querier, s leasecore.ScopeS
 	})
 }
 
-// InstallScopeTx is InstallScope for a database/sql transaction.
-func (f *Fence) InstallScopeTx(ctx context.Context, tx *sql.Tx, s leasecore.ScopeSeal) (leasecore.Result, error) {
-	const op = "install scope"
+// Install is Fence.Install for a database/sql transaction.
+func (f *FenceDB) Install(ctx context.Context, tx *sql.Tx, s leasecore.ScopeSeal) (leasecore.Result, error) {
+	const op = "install"
 	if tx == nil {
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
 	}
@@ -153,7 +157,7 @@ func (f *Fence) InstallScopeTx(ctx context.Context, tx *sql.Tx, s leasecore.Scop
 	})
 }
 
-func (f *Fence) install(ctx context.Context, op string, s leasecore.ScopeSeal, query func(stmt string, args []any) (int64, error)) (leasecore.Result, error) {
+func (f *fenceCore) install(ctx context.Context, op string, s leasecore.ScopeSeal, query func(stmt string, args []any) (int64, error)) (leasecore.Result, error) {
 	if err := backendkit.CheckScopeSeal(ctx, op, s); err != nil {
 		return leasecore.Result{}, err
 	}
@@ -175,13 +179,13 @@ func (f *Fence) install(ctx context.Context, op string, s leasecore.ScopeSeal, q
 }
 
 // in returns stmt in the Fence's schema.
-func (f *Fence) in(stmt string) string { return pgsql.InSchema(stmt, f.cfg.schema) }
+func (f *fenceCore) in(stmt string) string { return pgsql.InSchema(stmt, f.cfg.schema) }
 
 // diagnose is the rejection path's diagnosis of claim c rejected by floor:
 // a sealed scope (movedError) or a floor from another token space
 // (spaceError). An ordinary stale rejection costs what it did before: only
 // a claim with a space reads anything.
-func (f *Fence) diagnose(ctx context.Context, op string, c leasecore.Claim, floor leasecore.Token) error {
+func (f *fenceCore) diagnose(ctx context.Context, op string, c leasecore.Claim, floor leasecore.Token) error {
 	if floor == leasecore.SealedFloor {
 		return f.movedError(ctx, op, c)
 	}
@@ -189,10 +193,10 @@ func (f *Fence) diagnose(ctx context.Context, op string, c leasecore.Claim, floo
 }
 
 // movedError reads the seal's record of c.Scope (one statement on the
-// Fence's pool, after a rejection by the sealed floor) and returns the
+// fence's pool, after a rejection by the sealed floor) and returns the
 // *leasecore.ScopeMovedError it describes. Like spaceError it runs under
 // ctx.
-func (f *Fence) movedError(ctx context.Context, op string, c leasecore.Claim) error {
+func (f *fenceCore) movedError(ctx context.Context, op string, c leasecore.Claim) error {
 	var (
 		floor int64
 		rec   string

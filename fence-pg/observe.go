@@ -8,18 +8,17 @@ import (
 )
 
 // WithFenceObserver adds a function called with the outcome of every
-// fenced write of a Fence or Resource (NewFence, NewFenceDB, NewResource,
-// NewResourceDB; the lease stores ignore it): one leasecore.FenceEvent per
-// call of RunTx, RunSQLTx, Commit, CommitTx, SendBatch, Advance, Write and
-// WriteBatch that returns a Result, accepted or rejected (see
+// fenced write of a Fence, FenceDB or Resource (NewFence, NewFenceDB,
+// NewResource, NewResourceDB; the lease stores and outboxes ignore it):
+// one leasecore.FenceEvent per call of RunTx, Commit, SendBatch, Advance,
+// Write and WriteBatch that returns a Result, accepted or rejected (see
 // leasecore.FenceEvent). Each call of the option adds one; they run in the
 // order given. A nil f is ignored.
 //
 // Observers run synchronously on the caller's goroutine, after the
-// outcome is known: for RunTx, RunSQLTx, Commit and CommitTx after the
-// commit (or the rollback of a rejection). They must not block.
-// Without one, the accepted path does nothing more than test that none is
-// set.
+// outcome is known: for RunTx and Commit after the commit (or the rollback
+// of a rejection). They must not block. Without one, the accepted path
+// does nothing more than test that none is set.
 func WithFenceObserver(f func(leasecore.FenceEvent)) Option {
 	return func(c *config) {
 		if f != nil {
@@ -45,7 +44,7 @@ func WithLogger(l *slog.Logger) Option {
 // report tells the fence's observers, if any, how the write op of claim c
 // ended. Rejection paths call it as is; the accepted paths test
 // f.cfg.observe first, so that without an observer they build nothing.
-func (f *Fence) report(op string, c leasecore.Claim, res leasecore.Result, err error) {
+func (f *fenceCore) report(op string, c leasecore.Claim, res leasecore.Result, err error) {
 	if f.cfg.observe != nil {
 		f.cfg.observe(leasecore.FenceEvent{Op: op, Claim: c, Result: res, Err: err})
 	}

@@ -73,7 +73,7 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // holding period is over when the new one starts); what TakeOver gives up
 // is waiting for the TTL.
 //
-// A name on a holder session (WithHolderSessions) is taken off it: that
+// A name on a holder session (WithSharedLeases) is taken off it: that
 // name's holding period ends, the session and its other names go on.
 // A store with holder sessions gives the name to holder's session of ttl
 // (refreshed or started, as by Acquire), so the grant renews and releases
@@ -115,7 +115,7 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 // operators and audits (the leasefence command's floors); Floor reads one
 // scope. limit must be 1 to MaxList; bad input returns a
 // *leasecore.ArgError before anything is sent.
-func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
+func (f *fenceCore) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error) {
 	const op = "floors"
 	if err := checkLimit(op, limit); err != nil {
 		return nil, err
@@ -149,7 +149,7 @@ func (f *Fence) Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, 
 // or after q.Since by the database clock, oldest first. The filter runs in
 // the server, so accepted entries (leasecore.LogAll) do not use up the
 // limit.
-func (f *Fence) RejectedAttempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
+func (f *fenceCore) RejectedAttempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error) {
 	return f.read.RejectedAttemptsSince(ctx, q)
 }
 

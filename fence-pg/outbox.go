@@ -90,7 +90,25 @@ func resourceScript() string { return resourceSchema + "\n" + outboxSchema }
 // Migrate and ResourceDDL with the fence's tables; delivered entries stay,
 // with their delivered_at, until PruneDelivered. An Outbox is safe for
 // concurrent use.
+//
+// Outbox is for a pgx pool (NewOutbox): its Add takes a pgx.Tx. OutboxDB
+// (NewOutboxDB) is the same outbox on a database/sql pool, whose Add takes
+// a *sql.Tx.
 type Outbox struct {
+	outboxCore
+}
+
+// OutboxDB is Outbox on a database/sql pool (lib/pq, or pgx's stdlib
+// driver), from NewOutboxDB: the same methods, with Add taking the
+// *sql.Tx of a FenceDB's RunTx or of a transaction its Commit ends. An
+// OutboxDB is safe for concurrent use.
+type OutboxDB struct {
+	outboxCore
+}
+
+// outboxCore is what Outbox and OutboxDB share: everything but Add, which
+// takes the driver's transaction.
+type outboxCore struct {
 	db   dbx.DB
 	cfg  config
 	stmt outboxSQL
@@ -100,7 +118,7 @@ type outboxSQL struct{ add, readFloor, pending, mark, prune string }
 
 // NewOutbox returns the outbox of the database pool is connected to (the
 // database of the fence and the data). The pool serves Relay, Pending,
-// PruneDelivered and the schema checks; Add and AddTx run in the caller's
+// PruneDelivered and the schema checks; Add runs in the caller's
 // transaction. Of the options only WithSchema matters. A nil pool or an
 // invalid option returns a *leasecore.ArgError. The caller keeps ownership
 // of the pool.
@@ -109,26 +127,34 @@ func NewOutbox(pool *pgxpool.Pool, opts ...Option) (*Outbox, error) {
 	if pool == nil {
 		return nil, &leasecore.ArgError{Op: op, Field: "pool", Reason: "must not be nil"}
 	}
-	return newOutbox(op, dbx.FromPool(pool), opts)
+	core, err := newOutboxCore(op, dbx.FromPool(pool), opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Outbox{core}, nil
 }
 
 // NewOutboxDB is NewOutbox for a database/sql pool (lib/pq, or pgx's
-// stdlib driver).
-func NewOutboxDB(db *sql.DB, opts ...Option) (*Outbox, error) {
+// stdlib driver): it returns an OutboxDB, whose Add takes a *sql.Tx.
+func NewOutboxDB(db *sql.DB, opts ...Option) (*OutboxDB, error) {
 	const op = "new outbox"
 	if db == nil {
 		return nil, &leasecore.ArgError{Op: op, Field: "db", Reason: "must not be nil"}
 	}
-	return newOutbox(op, dbx.FromSQL(db), opts)
-}
-
-func newOutbox(op string, db dbx.DB, opts []Option) (*Outbox, error) {
-	cfg, err := newConfig(op, opts)
+	core, err := newOutboxCore(op, dbx.FromSQL(db), opts)
 	if err != nil {
 		return nil, err
 	}
+	return &OutboxDB{core}, nil
+}
+
+func newOutboxCore(op string, db dbx.DB, opts []Option) (outboxCore, error) {
+	cfg, err := newConfig(op, opts)
+	if err != nil {
+		return outboxCore{}, err
+	}
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
-	return &Outbox{db: db, cfg: cfg, stmt: outboxSQL{
+	return outboxCore{db: db, cfg: cfg, stmt: outboxSQL{
 		add: in(pgsql.OutboxAdd), readFloor: in(pgsql.ReadFloor), pending: in(pgsql.OutboxPending),
 		mark: in(pgsql.OutboxMarkDelivered), prune: in(pgsql.OutboxPruneDelivered),
 	}}, nil
@@ -163,9 +189,9 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, c leasecore.Claim, topic st
 	return o.add(ctx, op, c, topic, payload, func(q string, args ...any) dbx.Row { return tx.QueryRow(ctx, q, args...) })
 }
 
-// AddTx is Add for a database/sql transaction: inside Fence.RunSQLTx, or
-// in a transaction that Fence.CommitTx ends.
-func (o *Outbox) AddTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic string, payload []byte) (leasecore.OutboxEntry, error) {
+// Add is Outbox.Add for a database/sql transaction: inside FenceDB.RunTx,
+// or in a transaction that FenceDB.Commit ends.
+func (o *OutboxDB) Add(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic string, payload []byte) (leasecore.OutboxEntry, error) {
 	const op = "outbox add"
 	if tx == nil {
 		return leasecore.OutboxEntry{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
@@ -173,7 +199,7 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sql.Tx, c leasecore.Claim, topic
 	return o.add(ctx, op, c, topic, payload, func(q string, args ...any) dbx.Row { return tx.QueryRowContext(ctx, q, args...) })
 }
 
-func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic string, payload []byte,
+func (o *outboxCore) add(ctx context.Context, op string, c leasecore.Claim, topic string, payload []byte,
 	queryRow func(q string, args ...any) dbx.Row) (leasecore.OutboxEntry, error) {
 	if err := backendkit.CheckOutboxEntry(ctx, op, c, topic, payload); err != nil {
 		return leasecore.OutboxEntry{}, err
@@ -192,7 +218,7 @@ func (o *Outbox) add(ctx context.Context, op string, c leasecore.Claim, topic st
 		}
 		return leasecore.OutboxEntry{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: fmt.Sprintf(
 			"is not fenced for this claim: the floor of scope %q is %d, not the claim's token %d "+
-				"(add entries inside Fence.RunTx or RunSQLTx of the same claim, or after its Advance in a transaction that Commit or CommitTx ends); roll back",
+				"(add entries inside the fence's RunTx of the same claim, or after its Advance in a transaction that the fence's Commit ends); roll back",
 			c.Scope, floor, c.Token)}
 	}
 	if err != nil {
@@ -223,7 +249,7 @@ const relayPage = 100
 // as stale is an answer, not a failure, and returning an error for it
 // would block the outbox. deliver is called with ctx. See Outbox for what
 // concurrent relays do.
-func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error) {
+func (o *outboxCore) Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error) {
 	const op = "relay"
 	if err := backendkit.CheckRelay(ctx, op, deliver); err != nil {
 		return 0, err
@@ -264,7 +290,7 @@ func (o *Outbox) Relay(ctx context.Context, deliver func(context.Context, leasec
 // Pending returns at most limit (1 to backendkit.MaxAttemptsRead) entries
 // not yet delivered, of every scope, oldest first: what the relays have
 // still to do.
-func (o *Outbox) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error) {
+func (o *outboxCore) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error) {
 	const op = "outbox pending"
 	if limit < 1 || limit > backendkit.MaxAttemptsRead {
 		return nil, &leasecore.ArgError{Op: op, Field: "limit", Value: fmt.Sprint(limit),
@@ -277,7 +303,7 @@ func (o *Outbox) Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntr
 }
 
 // pending reads the first limit undelivered entries in seq order.
-func (o *Outbox) pending(ctx context.Context, op string, limit int) ([]leasecore.OutboxEntry, error) {
+func (o *outboxCore) pending(ctx context.Context, op string, limit int) ([]leasecore.OutboxEntry, error) {
 	var out []leasecore.OutboxEntry
 	err := pgstore.RetrySerialization(ctx, func() error {
 		out = out[:0]
@@ -306,7 +332,7 @@ func (o *Outbox) pending(ctx context.Context, op string, limit int) ([]leasecore
 // PruneDelivered deletes the entries delivered before before (by the
 // database clock) and returns how many it deleted; pending entries are
 // never pruned. before must be set and not in the future.
-func (o *Outbox) PruneDelivered(ctx context.Context, before time.Time) (int64, error) {
+func (o *outboxCore) PruneDelivered(ctx context.Context, before time.Time) (int64, error) {
 	const op = "outbox prune delivered"
 	if before.IsZero() {
 		return 0, &leasecore.ArgError{Op: op, Field: "before", Reason: "must be set"}
@@ -331,7 +357,7 @@ func (o *Outbox) PruneDelivered(ctx context.Context, before time.Time) (int64, e
 // Migrate creates the outbox, with the fence's tables (ResourceDDL), if
 // they do not exist, then runs CheckSchema. It is idempotent; see
 // Fence.Migrate.
-func (o *Outbox) Migrate(ctx context.Context) error {
+func (o *outboxCore) Migrate(ctx context.Context) error {
 	if err := pgstore.Migrate(ctx, o.db, pkg, ddl(resourceScript(), o.cfg.schema)); err != nil {
 		return err
 	}
@@ -341,7 +367,7 @@ func (o *Outbox) Migrate(ctx context.Context) error {
 // CheckSchema reports, as an error wrapping leasecore.ErrSchema that names
 // the table or column, whether the outbox (or the floor table it reads) is
 // missing, out of date, foreign, or not visible to this pool's role.
-func (o *Outbox) CheckSchema(ctx context.Context) error {
+func (o *outboxCore) CheckSchema(ctx context.Context) error {
 	return pgstore.CheckSchema(ctx, o.db, pkg, o.cfg.schema, pgsql.OutboxColumns, nil)
 }
 
@@ -349,6 +375,6 @@ func (o *Outbox) CheckSchema(ctx context.Context) error {
 // on the schema, SELECT and UPDATE on fence_floor (Add share-locks the
 // floor row), SELECT, INSERT and UPDATE on outbox (DELETE, which only
 // PruneDelivered needs, is not required); then CheckSchema.
-func (o *Outbox) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, o.db, pkg, o.cfg.schema, pgstore.OutboxTables, pgsql.OutboxColumns, nil)
+func (o *outboxCore) Preflight(ctx context.Context) error {
+	return pgstore.Preflight(ctx, o.db, pkg, ErrNotDurable, o.cfg.schema, pgstore.OutboxTables, pgsql.OutboxColumns, nil)
 }

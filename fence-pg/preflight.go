@@ -2,9 +2,11 @@ package fencepg
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // ErrNotDurable is why Preflight refuses a server that runs with fsync
@@ -19,7 +21,7 @@ import (
 // token a holder already has, and a fence whose floor went back would
 // accept a paused holder's stale write. Checked by Preflight only: the
 // stores do not read the setting on every operation.
-var ErrNotDurable = pgstore.ErrNotDurable
+var ErrNotDurable = fmt.Errorf("server not crash-safe (fsync = off): %w", leasecore.ErrConfig)
 
 // Preflight checks, once at start-up, that the store can work on its
 // database, so that a misconfigured deployment fails there and not at its
@@ -33,7 +35,7 @@ var ErrNotDurable = pgstore.ErrNotDurable
 //     leasecore.ErrConfig;
 //   - the pool's role lacks a privilege the store needs: USAGE on the
 //     schema, SELECT, INSERT and UPDATE on lease (and on holder_session,
-//     with WithHolderSessions): leasecore.ErrConfig, the message lists
+//     with WithSharedLeases): leasecore.ErrConfig, the message lists
 //     each missing GRANT for this role;
 //   - the lease table is missing, out of date or foreign: CheckSchema's
 //     leasecore.ErrSchema (run Migrate).
@@ -46,7 +48,7 @@ func (s *LeaseStore) Preflight(ctx context.Context) error {
 	if s.sessions {
 		tables = pgstore.SessionLeaseTables
 	}
-	return pgstore.Preflight(ctx, s.db, pkg, s.schema, tables, s.columns(), pgsql.LeaseFunctions)
+	return pgstore.Preflight(ctx, s.db, pkg, ErrNotDurable, s.schema, tables, s.columns(), pgsql.LeaseFunctions)
 }
 
 // Preflight is LeaseStore.Preflight for the fence's database: the same
@@ -54,12 +56,12 @@ func (s *LeaseStore) Preflight(ctx context.Context) error {
 // UPDATE on fence_floor, SELECT and INSERT on write_attempt, EXECUTE on
 // fence_reject (DELETE on write_attempt, which only PruneAttempts needs,
 // is not required); then CheckSchema.
-func (f *Fence) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, f.db, pkg, f.cfg.schema, pgstore.FenceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
+func (f *fenceCore) Preflight(ctx context.Context) error {
+	return pgstore.Preflight(ctx, f.db, pkg, ErrNotDurable, f.cfg.schema, pgstore.FenceTables, pgsql.FenceColumns, pgsql.ResourceFunctions)
 }
 
 // Preflight is Fence.Preflight, and also requires SELECT, INSERT and
 // UPDATE on report_part, the part store's table.
 func (r *Resource) Preflight(ctx context.Context) error {
-	return pgstore.Preflight(ctx, r.fence.db, pkg, r.fence.cfg.schema, pgstore.ResourceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
+	return pgstore.Preflight(ctx, r.fence.db, pkg, ErrNotDurable, r.fence.cfg.schema, pgstore.ResourceTables, pgsql.ResourceColumns, pgsql.ResourceFunctions)
 }

@@ -22,7 +22,7 @@ import (
 // backendkit.BatchWriter and backendkit.ResourceReader. It never sees the
 // lease database. It is safe for concurrent use.
 type Resource struct {
-	fence *Fence
+	fence *fenceCore
 	read  pgstore.Reader
 	batch writeBatcher // Write's fast paths, gathered when concurrent
 }
@@ -34,9 +34,9 @@ var (
 )
 
 // NewResource returns a fenced resource on a pgx pool connected to the
-// resource database. Options: WithAttemptLog (the default logs rejected
-// writes only: an accepted write's part row already says who wrote it with
-// which token). A nil pool or an invalid option returns a
+// resource database. Options: WithSchema, WithFenceObserver, WithLogger
+// and WithAttemptLog (the default logs rejected writes only: an accepted
+// write's part row already says who wrote it with which token). A nil pool or an invalid option returns a
 // *leasecore.ArgError. The caller keeps ownership of the pool and closes
 // it.
 func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
@@ -44,7 +44,7 @@ func NewResource(pool *pgxpool.Pool, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: f.read}, nil
+	return &Resource{fence: &f.fenceCore, read: f.read}, nil
 }
 
 // NewResourceDB is NewResource for a database/sql pool (lib/pq, or pgx's
@@ -54,7 +54,7 @@ func NewResourceDB(db *sql.DB, opts ...Option) (*Resource, error) {
 	if err != nil {
 		return nil, renameOp(err, "new resource")
 	}
-	return &Resource{fence: f, read: f.read}, nil
+	return &Resource{fence: &f.fenceCore, read: f.read}, nil
 }
 
 // renameOp makes a constructor's argument error name the constructor the
@@ -76,7 +76,12 @@ func renameOp(err error, op string) error {
 // writing again) and rejects anything lower, whichever part it targets; a
 // rejection is a Result, not an error (but for a floor from another token
 // space, see Fence). Concurrent writers of one scope queue on the floor row
-// and each compares with the floor the previous one committed.
+// and each compares with the floor the previous one committed. Unlike
+// Fence.SendBatch's advance, the raise of the floor is never a request of
+// its own: it is the same statement as the part's write, so the two
+// commit together or not at all — a rejected write, or one that fails with
+// an error, leaves the floor as it was (but for an outcome that is
+// unknown: the statement may then have committed, raise and part alike).
 //
 // Concurrent writes through one Resource share statements: while two of
 // its first statements run, the writes that arrive wait and then go

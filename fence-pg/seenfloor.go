@@ -8,7 +8,7 @@ import (
 
 // seenFloors remembers, per scope, the token this Fence last saw the
 // scope's floor at: the token it raised the floor to, or whose
-// transaction it committed. RunTx and RunSQLTx skip their early read of
+// transaction it committed. RunTx (either fence's) skips its early read of
 // the floor for a claim whose token is remembered (the holder's second and
 // later transactions), since what the read is for is then known: floors
 // only go up, so the floor is at least that token (older holders are cut

@@ -17,10 +17,13 @@ import (
 	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// WithHolderSessions makes NewLeaseStore and NewLeaseStoreDB hang all names
-// of one holder (and one TTL) on one row of table holder_session, as
-// etcd's shared leases (fenceetcd.WithSharedLeases) hang them on one etcd
-// lease, instead of giving each name an expiry of its own. A holder then
+// WithSharedLeases makes NewLeaseStore and NewLeaseStoreDB share one
+// renewal among all names of one holder (and one TTL) instead of giving
+// each name an expiry of its own — the idea, and the name, of
+// fenceetcd.WithSharedLeases, which hangs them on one etcd lease. On
+// PostgreSQL the names hang on one row of table holder_session
+// (leasefence.holder_session in the default schema): a holder session,
+// with its holder, TTL, session id and expiry. A holder then
 // renews all its names with one UPDATE of one row — Renew of any one name,
 // or RenewAll of all of them — where without the mode RenewAll updates a
 // row per name. The price: names of one holder live and die together —
@@ -46,12 +49,12 @@ import (
 //
 // The runtime role needs SELECT, INSERT and UPDATE on holder_session too
 // (Preflight names the grant; see LeaseDDL).
-func WithHolderSessions() Option {
-	return func(c *config) { c.holderSessions = true }
+func WithSharedLeases() Option {
+	return func(c *config) { c.sharedLeases = true }
 }
 
-// HolderSessions reports whether the store was made WithHolderSessions.
-func (s *LeaseStore) HolderSessions() bool { return s.sessions }
+// Shared reports whether the store was made WithSharedLeases.
+func (s *LeaseStore) Shared() bool { return s.sessions }
 
 // sessionStatements are the holder-session statements in the store's
 // schema (internal/pgsql/session.go).
@@ -215,7 +218,7 @@ func (r sessionRow) lostReason(op string, g leasecore.Grant) string {
 	case r.released:
 		return "released"
 	case !r.attached && r.heldPlain:
-		return "held without a holder session: a store without WithHolderSessions acquired it " +
+		return "held without a holder session: a store without WithSharedLeases acquired it " +
 			"(every store that acquires, renews or releases one holder's names must use the same mode)"
 	case !r.attached:
 		return "expired"

@@ -13,8 +13,7 @@ package leasecore
 // holding period).
 type FenceEvent struct {
 	// Op is the fence operation as its errors name it: "check", "run tx",
-	// "run sql tx", "send batch", "advance", "write", "write batch",
-	// "commit".
+	// "send batch", "advance", "write", "write batch", "commit".
 	Op     string
 	Claim  Claim // scope, writer, token and token space
 	Result Result

@@ -12,13 +12,13 @@ import "fmt"
 // the old location:
 //
 //  1. Seal, at the old location, in the atomic operation that reads the
-//     scope's data there (fencepg.Fence.SealScope in the transaction that
+//     scope's data there (fencepg.Fence.Seal in the transaction that
 //     selects the rows, fenceetcd.Fence.Seal with the reads in its Txn): the
 //     floor becomes SealedFloor, so every later write there is rejected,
 //     and the floor it had, its space and the destination To are recorded
 //     there. It returns this ScopeSeal.
 //  2. Install, at the new location, in the atomic operation that writes the
-//     data there (fencepg.Fence.InstallScope, fenceetcd.Fence.Install): the
+//     data there (fencepg.Fence.Install, fenceetcd.Fence.Install): the
 //     floor becomes Floor, with Space, unless it is larger already. A
 //     holder whose token is below Floor — paused across the move, its
 //     lease long taken over — is rejected at the new location as it was

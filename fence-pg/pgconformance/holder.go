@@ -24,9 +24,9 @@ type holderSpec struct {
 	ResourceDSN string                   `json:"resource_dsn"`
 	Kind        conformance.ResourceKind `json:"kind"`
 	Pooler      string                   `json:"pooler,omitempty"`
-	// HolderSessions: the holder's lease store uses
-	// fencepg.WithHolderSessions, like the harness's.
-	HolderSessions bool `json:"holder_sessions,omitempty"`
+	// SharedLeases: the holder's lease store uses
+	// fencepg.WithSharedLeases, like the harness's.
+	SharedLeases bool `json:"shared_leases,omitempty"`
 	// DefaultAttemptLog: the holder's resource keeps fencepg's default
 	// attempt log, like the harness's.
 	DefaultAttemptLog bool `json:"default_attempt_log,omitempty"`
@@ -45,7 +45,7 @@ func (h *harness) HolderCommand(ctx context.Context, kind conformance.ResourceKi
 	}
 	return conformance.HolderSelfCommand(ctx, h.cfg.HolderArgs, HolderEnv,
 		holderSpec{Driver: h.cfg.Driver, LeaseDSN: h.cfg.LeaseDSN, ResourceDSN: h.cfg.ResourceDSN, Kind: kind, Pooler: h.cfg.Pooler,
-			HolderSessions: h.cfg.HolderSessions, DefaultAttemptLog: h.cfg.DefaultAttemptLog})
+			SharedLeases: h.cfg.SharedLeases, DefaultAttemptLog: h.cfg.DefaultAttemptLog})
 }
 
 // IsHolderProcess reports whether this process was started by
@@ -71,7 +71,7 @@ func HolderMain() int {
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		lease, err := leasePool.LeaseStore(Config{Pooler: spec.Pooler, HolderSessions: spec.HolderSessions}.leaseOptions()...)
+		lease, err := leasePool.LeaseStore(Config{Pooler: spec.Pooler, SharedLeases: spec.SharedLeases}.leaseOptions()...)
 		if err != nil {
 			_ = leasePool.Close()
 			return nil, nil, nil, err

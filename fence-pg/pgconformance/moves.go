@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/leasefence/leasefence/conformance"
-	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgsql"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
@@ -35,8 +34,8 @@ type moves struct {
 	name     string // the database, also the label the seal records
 	dsn      string
 	old, new pgopen.Pool // the mover's pools, one connection each
-	oldFence *fencepg.Fence
-	newFence *fencepg.Fence
+	oldFence pgopen.Fence
+	newFence pgopen.Fence
 }
 
 // MoveTarget implements conformance.ScopeMoves: a second resource database
@@ -104,10 +103,10 @@ func (h *harness) moveTarget(ctx context.Context) (*moves, error) {
 	if m.new, err = h.open(ctx, dsn, 1); err != nil {
 		return nil, err
 	}
-	if m.oldFence, err = newFence(m.old, h.cfg.logOption()); err != nil {
+	if m.oldFence, err = m.old.Fence(h.cfg.logOption()); err != nil {
 		return nil, err
 	}
-	if m.newFence, err = newFence(m.new, h.cfg.logOption()); err != nil {
+	if m.newFence, err = m.new.Fence(h.cfg.logOption()); err != nil {
 		return nil, err
 	}
 	m.name, m.dsn = name, dsn
@@ -115,10 +114,10 @@ func (h *harness) moveTarget(ctx context.Context) (*moves, error) {
 }
 
 // MoveScope implements conformance.ScopeMoves, as a user's mover does it on
-// either driver: in a transaction of the first database, Fence.SealScope
-// (SealScopeTx), then the scope's parts read; committed. In a transaction
-// of the second, Fence.InstallScope (InstallScopeTx), then, when accepted,
-// the parts written; committed. A rejected install is rolled back and
+// either driver: in a transaction of the first database, the fence's Seal
+// (fencepg.Fence's or FenceDB's), then the scope's parts read; committed.
+// In a transaction of the second, the fence's Install, then, when
+// accepted, the parts written; committed. A rejected install is rolled back and
 // returned as an error. conformance.MoveDataOnly skips the seal and the
 // install.
 func (h *harness) MoveScope(ctx context.Context, scope string, mode conformance.MoveMode) error {
@@ -177,14 +176,6 @@ func (h *harness) MoveScope(ctx context.Context, scope string, mode conformance.
 	return nil
 }
 
-// newFence is a fencepg.Fence on p, of the pool's driver.
-func newFence(p pgopen.Pool, log fencepg.Option) (*fencepg.Fence, error) {
-	if p.Pgx != nil {
-		return fencepg.NewFence(p.Pgx, log)
-	}
-	return fencepg.NewFenceDB(p.SQL, log)
-}
-
 // movedPart is one part as the mover copies it.
 type movedPart struct {
 	part, content, writer string
@@ -226,18 +217,20 @@ func inTx(ctx context.Context, p pgopen.Pool, fn func(tx moveTx) error) error {
 	return tx.sql.Commit()
 }
 
-func (t moveTx) seal(ctx context.Context, f *fencepg.Fence, scope, to string) (leasecore.ScopeSeal, error) {
+// seal and install need a fence of the transaction's driver: the pools
+// of a mover are of one driver (pgopen.Open).
+func (t moveTx) seal(ctx context.Context, f pgopen.Fence, scope, to string) (leasecore.ScopeSeal, error) {
 	if t.pgx != nil {
-		return f.SealScope(ctx, t.pgx, scope, to)
+		return f.Pgx.Seal(ctx, t.pgx, scope, to)
 	}
-	return f.SealScopeTx(ctx, t.sql, scope, to)
+	return f.SQL.Seal(ctx, t.sql, scope, to)
 }
 
-func (t moveTx) install(ctx context.Context, f *fencepg.Fence, s leasecore.ScopeSeal) (leasecore.Result, error) {
+func (t moveTx) install(ctx context.Context, f pgopen.Fence, s leasecore.ScopeSeal) (leasecore.Result, error) {
 	if t.pgx != nil {
-		return f.InstallScope(ctx, t.pgx, s)
+		return f.Pgx.Install(ctx, t.pgx, s)
 	}
-	return f.InstallScopeTx(ctx, t.sql, s)
+	return f.SQL.Install(ctx, t.sql, s)
 }
 
 func (t moveTx) exec(ctx context.Context, stmt string, args ...any) error {

@@ -17,10 +17,10 @@ import (
 
 // The suite's fenced outbox (conformance.OutboxResources, F9b): the report
 // row in the suite's first user table and the entry through
-// fencepg.Outbox, in one fencepg.Fence.RunTx (RunSQLTx on database/sql),
-// the calls a user makes. The negative control writes both in a plain
-// transaction, the entry with pgsql.OutboxAddUnfenced. Both relay with
-// fencepg.Outbox.Relay.
+// fencepg.Outbox, in one fencepg.Fence.RunTx (OutboxDB and FenceDB on
+// database/sql), the calls a user makes. The negative control writes both
+// in a plain transaction, the entry with pgsql.OutboxAddUnfenced. Both
+// relay with the outbox's Relay.
 
 var _ conformance.OutboxResources = (*harness)(nil)
 
@@ -42,10 +42,10 @@ func (h *harness) UnfencedOutbox(ctx context.Context) (conformance.Outbox, error
 	return newOutboxResource(c, false, h.cfg.logOption())
 }
 
-// outboxResource is conformance.Outbox on fencepg.Outbox.
+// outboxResource is conformance.Outbox on fencepg.Outbox or OutboxDB.
 type outboxResource struct {
 	*userResource // the fence, its floor and log, the user rows
-	outbox        *fencepg.Outbox
+	outbox        pgopen.Outbox
 	fenced        bool
 }
 
@@ -54,12 +54,7 @@ func newOutboxResource(c pgopen.Pool, fenced bool, log fencepg.Option) (*outboxR
 	if err != nil {
 		return nil, err
 	}
-	var o *fencepg.Outbox
-	if c.Pgx != nil {
-		o, err = fencepg.NewOutbox(c.Pgx)
-	} else {
-		o, err = fencepg.NewOutboxDB(c.SQL)
-	}
+	o, err := c.Outbox()
 	if err != nil {
 		return nil, err
 	}
@@ -82,20 +77,20 @@ func (r *outboxResource) Write(ctx context.Context, w leasecore.Write) (leasecor
 	switch {
 	case !r.fenced:
 		return r.writeUnfenced(ctx, w, row)
-	case r.pool.Pgx != nil:
-		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+	case r.fence.Pgx != nil:
+		return r.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, upsertUserRow(reportTable), row...); err != nil {
 				return err
 			}
-			_, err := r.outbox.Add(ctx, tx, c, w.Part, []byte(w.Content))
+			_, err := r.outbox.Pgx.Add(ctx, tx, c, w.Part, []byte(w.Content))
 			return err
 		})
 	}
-	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+	return r.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, upsertUserRow(reportTable), row...); err != nil {
 			return err
 		}
-		_, err := r.outbox.AddTx(ctx, tx, c, w.Part, []byte(w.Content))
+		_, err := r.outbox.SQL.Add(ctx, tx, c, w.Part, []byte(w.Content))
 		return err
 	})
 }

@@ -71,7 +71,7 @@ type Config struct {
 	// simple_protocol).
 	Pooler string
 
-	// HolderSessions runs the suite with fencepg.WithHolderSessions: every
+	// SharedLeases runs the suite with fencepg.WithSharedLeases: every
 	// lease store the harness opens, its holder processes' and F16's
 	// replicated deployments' included, hangs all names of one holder and
 	// TTL on one session row, and F2's acquire inside a long transaction
@@ -80,7 +80,7 @@ type Config struct {
 	// shared leases it keeps the Lease contract the suite checks (a holder's
 	// names of different TTLs on different sessions, its own live name
 	// refused, a lost acquire's answer undone).
-	HolderSessions bool
+	SharedLeases bool
 
 	// DefaultAttemptLog runs the suite with fencepg's default attempt log
 	// (rejected checks only) on every fence and fenced resource, instead
@@ -211,7 +211,7 @@ func (h *harness) Traits() conformance.Traits {
 	}
 	h.declareReplicas(absent) // replicas.go
 	name := "postgres/" + h.cfg.Driver
-	if h.cfg.HolderSessions {
+	if h.cfg.SharedLeases {
 		name += "/holder-sessions"
 	}
 	if h.cfg.DefaultAttemptLog {
@@ -246,8 +246,8 @@ func (cfg Config) leaseOptions() []fencepg.Option {
 	if cfg.Pooler != "" {
 		opts = append(opts, fencepg.WithoutNotifications())
 	}
-	if cfg.HolderSessions {
-		opts = append(opts, fencepg.WithHolderSessions())
+	if cfg.SharedLeases {
+		opts = append(opts, fencepg.WithSharedLeases())
 	}
 	return opts
 }
@@ -355,13 +355,13 @@ func (h *harness) BeginLongTransaction(ctx context.Context) (conformance.LongTra
 		_ = rollback()
 		return nil, fmt.Errorf("%s: harness is closed", pkg)
 	}
-	return longTx{tx, h.cfg.HolderSessions}, nil
+	return longTx{tx, h.cfg.SharedLeases}, nil
 }
 
 // longTx is one open transaction on the lease database.
 type longTx struct {
 	tx       dbx.Tx
-	sessions bool // Config.HolderSessions: acquire with that mode's statement
+	sessions bool // Config.SharedLeases: acquire with that mode's statement
 }
 
 func (l longTx) Now(ctx context.Context) (time.Time, error) { return l.time(ctx, pgsql.Now) }

@@ -106,7 +106,7 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	// options, migrations and truncation as this one's, on the proxy's
 	// DSNs. No pooler: the pair is reached directly.
 	sub, err := newHarness(ctx, Config{Driver: h.cfg.Driver, LeaseDSN: leaseDSN, ResourceDSN: resDSN,
-		HolderSessions: h.cfg.HolderSessions})
+		SharedLeases: h.cfg.SharedLeases})
 	if err != nil {
 		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
 	}

@@ -55,8 +55,9 @@ func migrateUser(ctx context.Context, db dbx.DB) error {
 }
 
 // UserDataResource implements conformance.UserDataResources: the suite's
-// rows written through fencepg.Fence as a user writes them — RunTx on pgx,
-// RunSQLTx on database/sql — with every check logged.
+// rows written through a fence as a user writes them — fencepg.Fence's
+// RunTx on pgx, fencepg.FenceDB's on database/sql — with every check
+// logged.
 func (h *harness) UserDataResource(ctx context.Context, gap conformance.Gap) (conformance.UserResource, error) {
 	c, err := h.open(ctx, h.cfg.ResourceDSN, resourceConns)
 	if err != nil {
@@ -115,26 +116,19 @@ func (u userRows) ReadPart(ctx context.Context, scope, part string) (leasecore.S
 	return rows[0].Row, rows[0].Found, nil
 }
 
-// userResource is conformance.UserResource on fencepg.Fence.
+// userResource is conformance.UserResource on fencepg.Fence or FenceDB.
 type userResource struct {
 	userRows
-	fence *fencepg.Fence
-	pool  pgopen.Pool
+	fence pgopen.Fence
 	gap   conformance.Gap
 }
 
 func newUserResource(c pgopen.Pool, gap conformance.Gap, log fencepg.Option) (*userResource, error) {
-	var fence *fencepg.Fence
-	var err error
-	if c.Pgx != nil {
-		fence, err = fencepg.NewFence(c.Pgx, log)
-	} else {
-		fence, err = fencepg.NewFenceDB(c.SQL, log)
-	}
+	fence, err := c.Fence(log)
 	if err != nil {
 		return nil, err
 	}
-	return &userResource{userRows: userRows{dbOf(c)}, fence: fence, pool: c, gap: gap}, nil
+	return &userResource{userRows: userRows{dbOf(c)}, fence: fence, gap: gap}, nil
 }
 
 // Write implements leasecore.FencedResource: one fenced transaction that
@@ -145,10 +139,10 @@ func (r *userResource) Write(ctx context.Context, w leasecore.Write) (leasecore.
 		return leasecore.Result{}, err
 	}
 	c := backendkit.ClaimOf(w)
-	if r.pool.Pgx != nil {
-		return r.fence.RunTx(ctx, c, func(tx pgx.Tx) error { return writeUserRows(ctx, pgxExec(ctx, tx), w, r.gap) })
+	if r.fence.Pgx != nil {
+		return r.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error { return writeUserRows(ctx, pgxExec(ctx, tx), w, r.gap) })
 	}
-	return r.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error { return writeUserRows(ctx, sqlExec(ctx, tx), w, r.gap) })
+	return r.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error { return writeUserRows(ctx, sqlExec(ctx, tx), w, r.gap) })
 }
 
 // execer runs one statement in a transaction.

@@ -3,12 +3,12 @@
 -- released (expires_at = '-infinity', a special case of expired); no row = free.
 -- token only ever grows: every acquire sets it to token + 1 (I2).
 --
--- A name acquired by a store with holder sessions (fencepg.WithHolderSessions)
+-- A name acquired by a store with holder sessions (fencepg.WithSharedLeases)
 -- has session_id set, and expires_at = 'infinity': it is held exactly while
 -- its holder's session row (holder_session below) carries that session_id
 -- and has not expired. 'infinity' makes a store without the mode, whose
 -- statements read expires_at only, see such a name as held, never as free
--- (see WithHolderSessions for mixing modes). acquire_id is the random id of
+-- (see WithSharedLeases for mixing modes). acquire_id is the random id of
 -- the acquire that attached the name, so that an acquire whose answer was
 -- lost can be undone without touching a hold the caller does know of.
 CREATE TABLE IF NOT EXISTS leasefence.lease (
@@ -41,7 +41,7 @@ BEGIN
 END
 $$;
 
--- Holder sessions (fencepg.WithHolderSessions): one row per holder and TTL,
+-- Holder sessions (fencepg.WithSharedLeases): one row per holder and TTL,
 -- which all of that holder's names with that TTL hang on, so that a renewal
 -- is one UPDATE of this row whatever the number of names. The tokens stay
 -- in lease, per name.

@@ -13,7 +13,7 @@ CREATE TABLE IF NOT EXISTS leasefence.fence_floor (
 -- is raised and read only after a rejection, to tell a token of another
 -- lease service from a stale one. At max_token = 9223372036854775807, the
 -- floor of a scope sealed because it moved to another database
--- (fencepg.Fence.SealScope), no token raised the floor and the column holds
+-- (fencepg.Fence.Seal), no token raised the floor and the column holds
 -- the seal's record instead, a JSON object {moved_to, floor, token_space,
 -- sealed_at}. Added apart from CREATE TABLE so that
 -- Migrate upgrades an existing table, and only when missing: ALTER TABLE

@@ -89,7 +89,7 @@ func TestAcquireAllNewNames(t *testing.T) {
 	forEachMode(t, func(t *testing.T, f sessionFixture, store *fencepg.LeaseStore) {
 		ctx := t.Context()
 		ttl := time.Minute
-		if store.HolderSessions() {
+		if store.Shared() {
 			ttl = 2 * time.Second
 		}
 		single, err := store.Acquire(ctx, "single", "holder-a", ttl)
@@ -123,7 +123,7 @@ func TestAcquireAllNewNames(t *testing.T) {
 				t.Fatalf("%s: %s", n, got)
 			}
 		}
-		if !store.HolderSessions() {
+		if !store.Shared() {
 			return
 		}
 
@@ -259,7 +259,7 @@ func TestAcquireAllMixed(t *testing.T) {
 			}
 		}
 		// A batch of names that all exist writes no session row.
-		if store.HolderSessions() {
+		if store.Shared() {
 			sessionBefore := f.rowVersion(t, "holder-c")
 			_, errs, err := store.AcquireAll(ctx, []string{"held-other", "held-own"}, "holder-c", time.Hour)
 			if err != nil || !errors.Is(errs[0], leasecore.ErrHeld) || !errors.Is(errs[1], leasecore.ErrHeld) {
@@ -523,7 +523,7 @@ func TestAcquireAllUndoRetried(t *testing.T) {
 			u.Host = proxy.ln.Addr().String()
 			var opts []fencepg.Option
 			if sessions {
-				opts = append(opts, fencepg.WithHolderSessions())
+				opts = append(opts, fencepg.WithSharedLeases())
 			}
 			store, err := pgtest.Open(t, pgopen.Pgx, u.String(), 1).LeaseStore(opts...)
 			if err != nil {

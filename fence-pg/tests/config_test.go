@@ -111,9 +111,14 @@ func createRole(t *testing.T, db interface {
 const runtimeGrants = `
 	GRANT USAGE ON SCHEMA leasefence TO %[1]s;
 	GRANT SELECT, INSERT, UPDATE ON leasefence.lease TO %[1]s;`
-const runtimeResourceGrants = `
+const runtimeResourceGrants = runtimeFenceGrants + `
+	GRANT SELECT, INSERT, UPDATE ON leasefence.report_part TO %[1]s;`
+
+// runtimeFenceGrants are the grants a Fence needs: no report_part, which
+// only Resource writes.
+const runtimeFenceGrants = `
 	GRANT USAGE ON SCHEMA leasefence TO %[1]s;
-	GRANT SELECT, INSERT, UPDATE ON leasefence.fence_floor, leasefence.report_part TO %[1]s;
+	GRANT SELECT, INSERT, UPDATE ON leasefence.fence_floor TO %[1]s;
 	GRANT SELECT, INSERT, DELETE ON leasefence.write_attempt TO %[1]s;`
 
 // TestConfigErrorsAtConnect: a DSN the server refuses — an unknown
@@ -236,12 +241,14 @@ func writeServerFile(ctx context.Context, su *pgx.Conn, path, content string) er
 // error wrapping ErrConfig that names the missing grant, from the first
 // statement (MapError: "to this role", on the default schema) and, with
 // the role's name and every grant it lacks, from Preflight. A campaign
-// returns it instead of retrying. With all the grants Preflight passes.
+// returns it instead of retrying. With all the grants Preflight passes; a
+// Fence needs none on report_part, the part store's table.
 func TestPermissionDenied(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		f := newFixture(t, driver)
 		ctx := context.Background()
 		noGrant, usageOnly, granted := "lf_nogrant_"+driver, "lf_usage_"+driver, "lf_granted_"+driver
+		fenceOnly := "lf_fenceonly_" + driver
 		for _, db := range []interface {
 			Exec(context.Context, string, ...any) (int64, error)
 		}{f.leaseDB, f.resourceDB} {
@@ -250,7 +257,9 @@ func TestPermissionDenied(t *testing.T) {
 		}
 		createRole(t, f.leaseDB, granted, runtimeGrants)
 		createRole(t, f.resourceDB, granted, runtimeResourceGrants)
-		open := func(t *testing.T, role string) (*fencepg.LeaseStore, *fencepg.Resource, *fencepg.Fence) {
+		createRole(t, f.leaseDB, fenceOnly, runtimeGrants)
+		createRole(t, f.resourceDB, fenceOnly, runtimeFenceGrants)
+		open := func(t *testing.T, role string) (*fencepg.LeaseStore, *fencepg.Resource, pgopen.Fence) {
 			lp := pgtest.Open(t, driver, withUser(t, f.leaseDSN, role, "", ""), 2)
 			rp := pgtest.Open(t, driver, withUser(t, f.resDSN, role, "", ""), 2)
 			leases, err := lp.LeaseStore()
@@ -326,6 +335,29 @@ func TestPermissionDenied(t *testing.T) {
 					t.Errorf("%s: %v", what, err)
 				}
 			}
+		})
+
+		t.Run("fence grants only", func(t *testing.T) {
+			_, res, fence := open(t, fenceOnly)
+			if err := fence.Preflight(ctx); err != nil {
+				t.Errorf("fence: %v", err)
+			}
+			c := leasecore.Claim{Scope: "fence-only", Writer: "h", Token: 1}
+			if r, err := fence.Advance(ctx, c); err != nil || !r.Accepted {
+				t.Errorf("advance: %+v %v", r, err)
+			}
+			if r, err := fencedWrite(ctx, fence, c); err != nil || !r.Accepted {
+				t.Errorf("fenced transaction: %+v %v", r, err)
+			}
+			stale := leasecore.Claim{Scope: c.Scope, Writer: "old", Token: 1}
+			if r, err := fence.Advance(ctx, leasecore.Claim{Scope: c.Scope, Writer: "new", Token: 2}); err != nil || !r.Accepted {
+				t.Errorf("advance of a newer holder: %+v %v", r, err)
+			}
+			if r, err := fencedWrite(ctx, fence, stale); err != nil || r.Accepted {
+				t.Errorf("stale fenced transaction: %+v %v, want a logged rejection", r, err)
+			}
+			err := res.Preflight(ctx)
+			wantErr(t, err, leasecore.ErrConfig, "GRANT SELECT, INSERT, UPDATE ON leasefence.report_part TO "+fenceOnly)
 		})
 	})
 }

@@ -10,8 +10,8 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 )
 
-// TestConformanceHolderSessions runs the conformance suite with holder
-// sessions (fencepg.WithHolderSessions, pgconformance.Config.HolderSessions):
+// TestConformanceSharedLeases runs the conformance suite with holder
+// sessions (fencepg.WithSharedLeases, pgconformance.Config.SharedLeases):
 // every lease store — the holder processes' of F4, F5 and F12 and F16's
 // replicated deployments' included — hangs all names of one holder and TTL
 // on one session row. On its own cluster, which F8 crashes.
@@ -27,7 +27,7 @@ import (
 //     the driver, a holder process and a crash. conformance.Run cannot
 //     select cases, so this runs conformance.Report and fails on any
 //     failed check.
-func TestConformanceHolderSessions(t *testing.T) {
+func TestConformanceSharedLeases(t *testing.T) {
 	cluster := pgtemp.StartTB(t)
 	config := func(t *testing.T, driver string) pgconformance.Config {
 		leaseDB, resDB := "lease_sess_"+driver, "res_sess_"+driver
@@ -37,12 +37,12 @@ func TestConformanceHolderSessions(t *testing.T) {
 			}
 		}
 		return pgconformance.Config{
-			Driver:         driver,
-			LeaseDSN:       cluster.DSN(leaseDB),
-			ResourceDSN:    cluster.DSN(resDB),
-			HolderArgs:     []string{"-test.run=^$"}, // TestMain turns the binary into the holder
-			Cluster:        cluster,                  // F8 crashes it; this test owns it
-			HolderSessions: true,
+			Driver:       driver,
+			LeaseDSN:     cluster.DSN(leaseDB),
+			ResourceDSN:  cluster.DSN(resDB),
+			HolderArgs:   []string{"-test.run=^$"}, // TestMain turns the binary into the holder
+			Cluster:      cluster,                  // F8 crashes it; this test owns it
+			SharedLeases: true,
 		}
 	}
 	t.Run(pgconformance.DriverPgx, func(t *testing.T) {
@@ -66,7 +66,7 @@ func TestConformanceHolderSessions(t *testing.T) {
 	})
 }
 
-// TestConformanceHolderSessionsSerializable runs the cases where
+// TestConformanceSharedLeasesSerializable runs the cases where
 // concurrent statements meet (F3's 16 racing acquirers, F11's campaigners,
 // X2) and F1, F2 with holder sessions on a cluster whose
 // default_transaction_isolation is serializable, as
@@ -76,7 +76,7 @@ func TestConformanceHolderSessions(t *testing.T) {
 // Serializable reports as a serialization failure where Read Committed
 // re-checks the row; the store must run the statement again
 // (pgstore.RetryConflicts) and reach the same verdicts.
-func TestConformanceHolderSessionsSerializable(t *testing.T) {
+func TestConformanceSharedLeasesSerializable(t *testing.T) {
 	cluster := pgtemp.StartTB(t, pgtemp.WithSetting("default_transaction_isolation", "serializable"))
 	for _, db := range []string{"lease_sess_ser", "res_sess_ser"} {
 		if err := cluster.CreateDatabase(t.Context(), db); err != nil {
@@ -84,11 +84,11 @@ func TestConformanceHolderSessionsSerializable(t *testing.T) {
 		}
 	}
 	sum, err := conformance.Report(t.Context(), lineLog{t}, pgconformance.New(pgconformance.Config{
-		Driver:         pgconformance.DriverPgx,
-		LeaseDSN:       cluster.DSN("lease_sess_ser"),
-		ResourceDSN:    cluster.DSN("res_sess_ser"),
-		HolderArgs:     []string{"-test.run=^$"},
-		HolderSessions: true,
+		Driver:       pgconformance.DriverPgx,
+		LeaseDSN:     cluster.DSN("lease_sess_ser"),
+		ResourceDSN:  cluster.DSN("res_sess_ser"),
+		HolderArgs:   []string{"-test.run=^$"},
+		SharedLeases: true,
 	}), conformance.ReportOptions{Cases: []string{"F1", "F2", "F3", "F11", "X2"}})
 	if err != nil {
 		t.Fatal(err)

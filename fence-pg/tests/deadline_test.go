@@ -21,6 +21,7 @@ import (
 	_ "github.com/lib/pq"              // registers database/sql driver "postgres"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -181,9 +182,9 @@ type pgDeadlineEnv struct {
 	proxy  *holdProxy
 
 	leases, sessions *fencepg.LeaseStore
-	fence            *fencepg.Fence
+	fence            pgopen.Fence
 	res              *fencepg.Resource
-	outbox           *fencepg.Outbox
+	outbox           pgopen.Outbox
 
 	pool      *pgxpool.Pool // proxied (pgx)
 	sqlDB     *sql.DB       // proxied (pgx-stdlib)
@@ -239,13 +240,13 @@ func newPgDeadlineEnv(t *testing.T, driver string) *pgDeadlineEnv {
 		leasePool := openPgx(leaseVia)
 		e.leases, err = fencepg.NewLeaseStore(leasePool)
 		must(t, err)
-		e.sessions, err = fencepg.NewLeaseStore(leasePool, fencepg.WithHolderSessions())
+		e.sessions, err = fencepg.NewLeaseStore(leasePool, fencepg.WithSharedLeases())
 		must(t, err)
-		e.fence, err = fencepg.NewFence(e.pool)
+		e.fence, err = pgopen.Pool{Pgx: e.pool}.Fence()
 		must(t, err)
 		e.res, err = fencepg.NewResource(e.pool)
 		must(t, err)
-		e.outbox, err = fencepg.NewOutbox(e.pool)
+		e.outbox, err = pgopen.Pool{Pgx: e.pool}.Outbox()
 		must(t, err)
 	case pgxStdlib:
 		openSQL := func(dsn string) *sql.DB {
@@ -259,13 +260,13 @@ func newPgDeadlineEnv(t *testing.T, driver string) *pgDeadlineEnv {
 		leaseDB := openSQL(leaseVia)
 		e.leases, err = fencepg.NewLeaseStoreDB(leaseDB)
 		must(t, err)
-		e.sessions, err = fencepg.NewLeaseStoreDB(leaseDB, fencepg.WithHolderSessions())
+		e.sessions, err = fencepg.NewLeaseStoreDB(leaseDB, fencepg.WithSharedLeases())
 		must(t, err)
-		e.fence, err = fencepg.NewFenceDB(e.sqlDB)
+		e.fence, err = pgopen.Pool{SQL: e.sqlDB}.Fence()
 		must(t, err)
 		e.res, err = fencepg.NewResourceDB(e.sqlDB)
 		must(t, err)
-		e.outbox, err = fencepg.NewOutboxDB(e.sqlDB)
+		e.outbox, err = pgopen.Pool{SQL: e.sqlDB}.Outbox()
 		must(t, err)
 	default:
 		t.Fatalf("driver %q", driver)
@@ -444,14 +445,14 @@ func pgDeadlineCases() []pgDeadlineCase {
 	}
 	ignore2 := func(_ any, err error) error { return err }
 	ignore3 := func(_, _ any, err error) error { return err }
-	// runTx is RunTx or RunSQLTx, as the driver has it, with fn.
+	// runTx is the driver's fence's RunTx, with fn.
 	runTx := func(ctx context.Context, e *pgDeadlineEnv, c leasecore.Claim, fn func(exec func(string) error) error) error {
 		if e.driver == pgopenPgx {
-			return ignore2(e.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+			return ignore2(e.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 				return fn(func(q string) error { _, err := tx.Exec(ctx, q); return err })
 			}))
 		}
-		return ignore2(e.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+		return ignore2(e.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 			return fn(func(q string) error { _, err := tx.ExecContext(ctx, q); return err })
 		}))
 	}
@@ -620,7 +621,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 				tx, err := e.direct.Begin(bg)
 				must(t, err)
 				t.Cleanup(func() { _ = tx.Rollback(bg) })
-				return func(ctx context.Context) error { return rejected(e.fence.Commit(ctx, tx, c)) }
+				return func(ctx context.Context) error { return rejected(e.fence.Pgx.Commit(ctx, tx, c)) }
 			}
 			return func(ctx context.Context) error {
 				tx, err := e.directSQL.BeginTx(ctx, nil)
@@ -628,7 +629,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				return rejected(e.fence.CommitTx(ctx, tx, c))
+				return rejected(e.fence.SQL.Commit(ctx, tx, c))
 			}
 		}},
 		{name: "Fence.Commit", inside: true, setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
@@ -643,20 +644,20 @@ func pgDeadlineCases() []pgDeadlineCase {
 					}
 					defer func() { _ = tx.Rollback(ctx) }()
 					e.proxy.hold()
-					return ignore2(e.fence.Commit(ctx, tx, c))
+					return ignore2(e.fence.Pgx.Commit(ctx, tx, c))
 				}
 			}
 			return func(ctx context.Context) error {
 				// database/sql binds the transaction to BeginTx's ctx,
 				// which bounds its COMMIT and ROLLBACK: the same ctx (see
-				// CommitTx).
+				// FenceDB.Commit).
 				tx, err := e.sqlDB.BeginTx(ctx, nil)
 				if err != nil {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
 				e.proxy.hold()
-				return ignore2(e.fence.CommitTx(ctx, tx, c))
+				return ignore2(e.fence.SQL.Commit(ctx, tx, c))
 			}
 		}},
 		{name: "Fence.SendBatch", drivers: []string{pgopenPgx}, setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
@@ -664,7 +665,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 			return func(ctx context.Context) error {
 				b := &pgx.Batch{}
 				b.Queue("SELECT 1")
-				return ignore2(e.fence.SendBatch(ctx, e.pool, c, b))
+				return ignore2(e.fence.Pgx.SendBatch(ctx, e.pool, c, b))
 			}
 		}},
 		{name: "Fence.Floor", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
@@ -686,13 +687,13 @@ func pgDeadlineCases() []pgDeadlineCase {
 		{name: "Fence.PruneAttempts", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
 			return func(ctx context.Context) error { return ignore2(e.fence.PruneAttempts(ctx, "scope", time.Now())) }
 		}},
-		{name: "Fence.SealScope", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
+		{name: "Fence.Seal", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
 			c := claim(t, e)
 			if e.driver == pgopenPgx {
 				tx, err := e.pool.Begin(bg)
 				must(t, err)
 				t.Cleanup(func() { _ = tx.Rollback(bg) })
-				return func(ctx context.Context) error { return ignore2(e.fence.SealScope(ctx, tx, c.Scope, "elsewhere")) }
+				return func(ctx context.Context) error { return ignore2(e.fence.Pgx.Seal(ctx, tx, c.Scope, "elsewhere")) }
 			}
 			return func(ctx context.Context) error {
 				tx, err := e.sqlDB.BeginTx(ctx, nil)
@@ -700,16 +701,16 @@ func pgDeadlineCases() []pgDeadlineCase {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				return ignore2(e.fence.SealScopeTx(ctx, tx, c.Scope, "elsewhere"))
+				return ignore2(e.fence.SQL.Seal(ctx, tx, c.Scope, "elsewhere"))
 			}
 		}},
-		{name: "Fence.InstallScope", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
+		{name: "Fence.Install", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
 			s := leasecore.ScopeSeal{Scope: fresh("scope"), To: "here", Floor: 7}
 			if e.driver == pgopenPgx {
 				tx, err := e.pool.Begin(bg)
 				must(t, err)
 				t.Cleanup(func() { _ = tx.Rollback(bg) })
-				return func(ctx context.Context) error { return ignore2(e.fence.InstallScope(ctx, tx, s)) }
+				return func(ctx context.Context) error { return ignore2(e.fence.Pgx.Install(ctx, tx, s)) }
 			}
 			return func(ctx context.Context) error {
 				tx, err := e.sqlDB.BeginTx(ctx, nil)
@@ -717,7 +718,7 @@ func pgDeadlineCases() []pgDeadlineCase {
 					return err
 				}
 				defer func() { _ = tx.Rollback() }()
-				return ignore2(e.fence.InstallScopeTx(ctx, tx, s))
+				return ignore2(e.fence.SQL.Install(ctx, tx, s))
 			}
 		}},
 		{name: "Fence.Migrate", setup: func(t *testing.T, e *pgDeadlineEnv) func(context.Context) error {
@@ -748,17 +749,17 @@ func pgDeadlineCases() []pgDeadlineCase {
 			c := claim(t, e)
 			if e.driver == pgopenPgx {
 				return func(ctx context.Context) error {
-					return ignore2(e.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+					return ignore2(e.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 						e.proxy.hold()
-						_, err := e.outbox.Add(ctx, tx, c, "t", []byte("p"))
+						_, err := e.outbox.Pgx.Add(ctx, tx, c, "t", []byte("p"))
 						return err
 					}))
 				}
 			}
 			return func(ctx context.Context) error {
-				return ignore2(e.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+				return ignore2(e.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 					e.proxy.hold()
-					_, err := e.outbox.AddTx(ctx, tx, c, "t", []byte("p"))
+					_, err := e.outbox.SQL.Add(ctx, tx, c, "t", []byte("p"))
 					return err
 				}))
 			}
@@ -768,9 +769,9 @@ func pgDeadlineCases() []pgDeadlineCase {
 			c := claim(t, e)
 			var err error
 			if e.driver == pgopenPgx {
-				_, err = e.fence.RunTx(bg, c, func(tx pgx.Tx) error { _, err := e.outbox.Add(bg, tx, c, "t", []byte("p")); return err })
+				_, err = e.fence.Pgx.RunTx(bg, c, func(tx pgx.Tx) error { _, err := e.outbox.Pgx.Add(bg, tx, c, "t", []byte("p")); return err })
 			} else {
-				_, err = e.fence.RunSQLTx(bg, c, func(tx *sql.Tx) error { _, err := e.outbox.AddTx(bg, tx, c, "t", []byte("p")); return err })
+				_, err = e.fence.SQL.RunTx(bg, c, func(tx *sql.Tx) error { _, err := e.outbox.SQL.Add(bg, tx, c, "t", []byte("p")); return err })
 			}
 			must(t, err)
 			return func(ctx context.Context) error {
@@ -837,8 +838,8 @@ func TestDeadlineLibpq(t *testing.T) {
 					_, err := leases.Acquire(ctx, "x-"+tc.sqlDriver, "h", time.Minute)
 					return err
 				}},
-				{"RunSQLTx", func(ctx context.Context) error { // its BEGIN
-					_, err := fence.RunSQLTx(ctx, c, func(*sql.Tx) error { return nil })
+				{"RunTx", func(ctx context.Context) error { // its BEGIN
+					_, err := fence.RunTx(ctx, c, func(*sql.Tx) error { return nil })
 					return err
 				}},
 			} {

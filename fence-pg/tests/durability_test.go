@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
@@ -49,12 +48,7 @@ func TestDurableOnAsyncCommitCluster(t *testing.T) {
 			if err := leases.Migrate(ctx); err != nil {
 				t.Fatal(err)
 			}
-			var fence *fencepg.Fence
-			if resPool.Pgx != nil {
-				fence, err = fencepg.NewFence(resPool.Pgx)
-			} else {
-				fence, err = fencepg.NewFenceDB(resPool.SQL)
-			}
+			fence, err := resPool.Fence()
 			if err != nil {
 				t.Fatal(err)
 			}

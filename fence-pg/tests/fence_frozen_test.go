@@ -58,13 +58,7 @@ func frozenTxHolderMain() int {
 		return 1
 	}
 	defer pool.Close()
-	var fence *fencepg.Fence
-	opt := fencepg.WithTimeouts(0, holder.Idle)
-	if pool.Pgx != nil {
-		fence, err = fencepg.NewFence(pool.Pgx, opt)
-	} else {
-		fence, err = fencepg.NewFenceDB(pool.SQL, opt)
-	}
+	fence, err := pool.Fence(fencepg.WithTimeouts(0, holder.Idle))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -73,8 +67,8 @@ func frozenTxHolderMain() int {
 	in := bufio.NewScanner(os.Stdin)
 	wait := func() { fmt.Println("IN_TX"); in.Scan() }
 	var res leasecore.Result
-	if pool.Pgx != nil {
-		res, err = fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+	if fence.Pgx != nil {
+		res, err = fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 100); err != nil {
 				return err
 			}
@@ -83,7 +77,7 @@ func frozenTxHolderMain() int {
 			return err
 		})
 	} else {
-		res, err = fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+		res, err = fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 100); err != nil {
 				return err
 			}
@@ -102,7 +96,7 @@ func frozenTxHolderMain() int {
 const advanceBound = time.Second
 
 // TestFenceFrozenInsideTx: holder A is frozen with SIGSTOP inside its
-// fenced transaction (RunTx, RunSQLTx), after its first statement. The
+// fenced transaction (RunTx of Fence and FenceDB), after its first statement. The
 // fence holds no lock for A: holder B's Advance with a newer token returns
 // at once. B's own write of the rows A has written waits for A's row lock
 // in the job's table (pg_stat_activity shows it; a writer with a short lock
@@ -186,12 +180,12 @@ func frozenInsideTx(t *testing.T, driver string, idle time.Duration, past bool) 
 		write := func(exec func(string, ...any) error) error {
 			return exec(upsertRun, b.Scope, b.Writer, int64(b.Token), 1)
 		}
-		if f.resPool.Pgx != nil {
-			_, err2 = impatient.RunTx(ctx, b, func(tx pgx.Tx) error {
+		if impatient.Pgx != nil {
+			_, err2 = impatient.Pgx.RunTx(ctx, b, func(tx pgx.Tx) error {
 				return write(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err })
 			})
 		} else {
-			_, err2 = impatient.RunSQLTx(ctx, b, func(tx *sql.Tx) error {
+			_, err2 = impatient.SQL.RunTx(ctx, b, func(tx *sql.Tx) error {
 				return write(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err })
 			})
 		}

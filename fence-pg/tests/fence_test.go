@@ -36,7 +36,7 @@ const (
 // tables, and a Fence on it.
 type fenceFixture struct {
 	*fixture
-	fence *fencepg.Fence
+	fence pgopen.Fence
 }
 
 func newFenceFixture(t *testing.T, driver string, opts ...fencepg.Option) fenceFixture {
@@ -48,15 +48,9 @@ func newFenceFixture(t *testing.T, driver string, opts ...fencepg.Option) fenceF
 	return fenceFixture{f, openFence(t, f.resPool, opts...)}
 }
 
-func openFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Fence {
+func openFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) pgopen.Fence {
 	t.Helper()
-	var fence *fencepg.Fence
-	var err error
-	if p.Pgx != nil {
-		fence, err = fencepg.NewFence(p.Pgx, opts...)
-	} else {
-		fence, err = fencepg.NewFenceDB(p.SQL, opts...)
-	}
+	fence, err := p.Fence(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,14 +58,14 @@ func openFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Fen
 }
 
 // writeJob writes the job's header and two lines with the fence, in the
-// way the driver offers: RunTx on pgx, RunSQLTx on database/sql.
+// way the driver offers: Fence.RunTx on pgx, FenceDB.RunTx on database/sql.
 func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) leasecore.Result {
 	t.Helper()
 	ctx := context.Background()
 	var res leasecore.Result
 	var err error
-	if f.resPool.Pgx != nil {
-		res, err = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+	if f.fence.Pgx != nil {
+		res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), total); err != nil {
 				return err
 			}
@@ -83,7 +77,7 @@ func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) lease
 			return nil
 		})
 	} else {
-		res, err = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+		res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 			if _, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), total); err != nil {
 				return err
 			}
@@ -125,7 +119,7 @@ func (f fenceFixture) job(t *testing.T, scope string) string {
 	return s
 }
 
-func wantFenceLog(t *testing.T, fence *fencepg.Fence, scope string, want ...string) {
+func wantFenceLog(t *testing.T, fence pgopen.FenceMethods, scope string, want ...string) {
 	t.Helper()
 	as, err := fence.Attempts(context.Background(), leasecore.AttemptQuery{Scope: scope, Limit: 100})
 	if err != nil {
@@ -141,7 +135,7 @@ func wantFenceLog(t *testing.T, fence *fencepg.Fence, scope string, want ...stri
 }
 
 // TestFenceRun: the job's rows commit under a current token and never
-// under a stale one, with RunTx (pgx) and RunSQLTx (database/sql); an equal
+// under a stale one, with RunTx of Fence (pgx) and FenceDB (database/sql); an equal
 // token writes again; the default log keeps the rejection only, although
 // the rejected transaction rolled back.
 func TestFenceRun(t *testing.T) {
@@ -167,7 +161,7 @@ func TestFenceRun(t *testing.T) {
 	})
 }
 
-// TestFenceCommitCallersTx: Commit (pgx) and CommitTx (database/sql) end
+// TestFenceCommitCallersTx: Commit of Fence (pgx) and FenceDB (database/sql) end
 // a transaction the caller began and filled itself; with LogAll the
 // accepted entry commits with the caller's rows, a transaction the caller
 // rolls back instead leaves nothing, and a rejection rolls back the
@@ -189,7 +183,7 @@ func TestFenceCommitCallersTx(t *testing.T) {
 					t.Fatal(berr)
 				}
 				if _, err = tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1); err == nil && commit {
-					res, err = f.fence.Commit(ctx, tx, c)
+					res, err = f.fence.Pgx.Commit(ctx, tx, c)
 				}
 				if closed = tx.Rollback(ctx); !commit || errors.Is(closed, pgx.ErrTxClosed) {
 					closed = nil
@@ -200,7 +194,7 @@ func TestFenceCommitCallersTx(t *testing.T) {
 					t.Fatal(berr)
 				}
 				if _, err = tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1); err == nil && commit {
-					res, err = f.fence.CommitTx(ctx, tx, c)
+					res, err = f.fence.SQL.Commit(ctx, tx, c)
 				}
 				if closed = tx.Rollback(); !commit || errors.Is(closed, sql.ErrTxDone) {
 					closed = nil
@@ -248,7 +242,7 @@ func TestFenceSendBatch(t *testing.T) {
 		accepted bool
 		floor    leasecore.Token
 	}{{a, 10, true, 1}, {b, 20, true, 2}, {a, 11, false, 2}} {
-		res, err := f.fence.SendBatch(ctx, f.resPool.Pgx, step.c, batch(step.c, step.total))
+		res, err := f.fence.Pgx.SendBatch(ctx, f.resPool.Pgx, step.c, batch(step.c, step.total))
 		if err != nil {
 			t.Fatalf("%+v: %v", step.c, err)
 		}
@@ -266,7 +260,7 @@ func TestFenceSendBatch(t *testing.T) {
 	c := leasecore.Claim{Scope: "p", Writer: "holder-c", Token: 3}
 	bad := batch(c, 30)
 	bad.Queue(`INSERT INTO job_line (scope, line, amount) VALUES ($1, 1, NULL)`, c.Scope)
-	if _, err := f.fence.SendBatch(ctx, f.resPool.Pgx, c, bad); err == nil || !strings.Contains(err.Error(), "null value") {
+	if _, err := f.fence.Pgx.SendBatch(ctx, f.resPool.Pgx, c, bad); err == nil || !strings.Contains(err.Error(), "null value") {
 		t.Fatalf("batch with a failing statement: err = %v, want the not-null violation", err)
 	}
 	if fl, _ := f.fence.Floor(ctx, "p"); fl != 3 {
@@ -396,17 +390,18 @@ func TestFenceBadInput(t *testing.T) {
 		pgxFn := func(pgx.Tx) error { called = true; return nil }
 		sqlFn := func(*sql.Tx) error { called = true; return nil }
 		run := func(ctx context.Context, c leasecore.Claim) error {
-			if f.resPool.Pgx != nil {
-				_, err := f.fence.RunTx(ctx, c, pgxFn)
+			if f.fence.Pgx != nil {
+				_, err := f.fence.Pgx.RunTx(ctx, c, pgxFn)
 				return err
 			}
-			_, err := f.fence.RunSQLTx(ctx, c, sqlFn)
+			_, err := f.fence.SQL.RunTx(ctx, c, sqlFn)
 			return err
 		}
-		for _, tc := range []struct {
+		type badCall struct {
 			name, field string
 			call        func() error
-		}{
+		}
+		cases := []badCall{
 			{"empty scope", "scope", func() error { return run(ctx, leasecore.Claim{Writer: "w", Token: 1}) }},
 			{"long writer", "writer", func() error {
 				return run(ctx, leasecore.Claim{Scope: "s", Writer: strings.Repeat("w", backendkit.MaxNameLen+1), Token: 1})
@@ -422,31 +417,27 @@ func TestFenceBadInput(t *testing.T) {
 				return err
 			}},
 			{"nil fn", "fn", func() error {
-				if f.resPool.Pgx != nil {
-					_, err := f.fence.RunTx(ctx, good, nil)
+				if f.fence.Pgx != nil {
+					_, err := f.fence.Pgx.RunTx(ctx, good, nil)
 					return err
 				}
-				_, err := f.fence.RunSQLTx(ctx, good, nil)
+				_, err := f.fence.SQL.RunTx(ctx, good, nil)
 				return err
 			}},
-			{"other pool's run", "fence", func() error {
-				if f.resPool.Pgx != nil {
-					_, err := f.fence.RunSQLTx(ctx, good, sqlFn)
+			{"nil tx", "tx", func() error {
+				if f.fence.Pgx != nil {
+					_, err := f.fence.Pgx.Commit(ctx, nil, good)
 					return err
 				}
-				_, err := f.fence.RunTx(ctx, good, pgxFn)
+				_, err := f.fence.SQL.Commit(ctx, nil, good)
 				return err
 			}},
-			{"nil pgx tx", "tx", func() error { _, err := f.fence.Commit(ctx, nil, good); return err }},
-			{"nil sql tx", "tx", func() error { _, err := f.fence.CommitTx(ctx, nil, good); return err }},
 			{"commit token 0", "token", func() error {
-				_, err := f.fence.Commit(ctx, txSender{}, leasecore.Claim{Scope: "s", Writer: "w"})
-				return err
-			}},
-			{"nil batch", "batch", func() error { _, err := f.fence.SendBatch(ctx, nilSender{}, good, nil); return err }},
-			{"batch on a transaction", "sender", func() error { _, err := f.fence.SendBatch(ctx, txSender{}, good, &pgx.Batch{}); return err }},
-			{"batch token 0", "token", func() error {
-				_, err := f.fence.SendBatch(ctx, nilSender{}, leasecore.Claim{Scope: "s", Writer: "w"}, &pgx.Batch{})
+				if f.fence.Pgx != nil {
+					_, err := f.fence.Pgx.Commit(ctx, txSender{}, leasecore.Claim{Scope: "s", Writer: "w"})
+					return err
+				}
+				_, err := f.fence.SQL.Commit(ctx, nil, leasecore.Claim{Scope: "s", Writer: "w"})
 				return err
 			}},
 			{"attempts limit 0", "limit", func() error {
@@ -474,7 +465,17 @@ func TestFenceBadInput(t *testing.T) {
 			}},
 			{"nil pool", "pool", func() error { _, err := fencepg.NewFence(nil); return err }},
 			{"nil db", "db", func() error { _, err := fencepg.NewFenceDB(nil); return err }},
-		} {
+		}
+		if fence := f.fence.Pgx; fence != nil { // SendBatch is pgx's
+			cases = append(cases,
+				badCall{"nil batch", "batch", func() error { _, err := fence.SendBatch(ctx, nilSender{}, good, nil); return err }},
+				badCall{"batch on a transaction", "sender", func() error { _, err := fence.SendBatch(ctx, txSender{}, good, &pgx.Batch{}); return err }},
+				badCall{"batch token 0", "token", func() error {
+					_, err := fence.SendBatch(ctx, nilSender{}, leasecore.Claim{Scope: "s", Writer: "w"}, &pgx.Batch{})
+					return err
+				}})
+		}
+		for _, tc := range cases {
 			err := tc.call()
 			var ae *leasecore.ArgError
 			if tc.field == "ctx" {
@@ -561,14 +562,14 @@ func TestRunTxContextCause(t *testing.T) {
 		ctx, cancel := context.WithCancelCause(context.Background())
 		c := leasecore.Claim{Scope: "cause", Writer: "holder-a", Token: 1}
 		var err error
-		if f.resPool.Pgx != nil {
-			_, err = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+		if f.fence.Pgx != nil {
+			_, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 				cancel(leasecore.ErrLocalDeadline)
 				_, err := tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
 				return err
 			})
 		} else {
-			_, err = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+			_, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 				cancel(leasecore.ErrLocalDeadline)
 				_, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
 				return err
@@ -594,7 +595,7 @@ func TestRunTxEarlyRead(t *testing.T) {
 		f := newFenceFixture(t, driver)
 		ctx := context.Background()
 		a := leasecore.Claim{Scope: "early", Writer: "holder-a", Token: 1}
-		run := func(fence *fencepg.Fence, c leasecore.Claim, total int) (leasecore.Result, bool) {
+		run := func(fence pgopen.Fence, c leasecore.Claim, total int) (leasecore.Result, bool) {
 			t.Helper()
 			called := false
 			write := func(exec func(string, ...any) error) error {
@@ -603,12 +604,12 @@ func TestRunTxEarlyRead(t *testing.T) {
 			}
 			var res leasecore.Result
 			var err error
-			if f.resPool.Pgx != nil {
-				res, err = fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+			if fence.Pgx != nil {
+				res, err = fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 					return write(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err })
 				})
 			} else {
-				res, err = fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+				res, err = fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 					return write(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err })
 				})
 			}

@@ -93,7 +93,7 @@ func TestHolderSessionRenewAllReadsNoLeaseRow(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		f := newFixture(t, driver)
 		pool := pgtest.Open(t, driver, f.leaseDSN, 1) // one backend: its statistics are the store's
-		store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+		store, err := pool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -134,11 +134,11 @@ func TestHolderSessionRenewAllSeesEveryDetach(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		f := newFixture(t, driver)
 		ctx := t.Context()
-		store, err := f.leasePool.LeaseStore(fencepg.WithHolderSessions())
+		store, err := f.leasePool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}
-		other, err := pgtest.Open(t, driver, f.leaseDSN, 2).LeaseStore(fencepg.WithHolderSessions())
+		other, err := pgtest.Open(t, driver, f.leaseDSN, 2).LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -241,11 +241,11 @@ func TestHolderSessionRenewAllGathersConcurrentRenewals(t *testing.T) {
 		f := newFixture(t, driver)
 		ctx := t.Context()
 		pool := pgtest.Open(t, driver, f.leaseDSN, 1) // one backend: its statistics are the store's
-		store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+		store, err := pool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}
-		other, err := f.leasePool.LeaseStore(fencepg.WithHolderSessions())
+		other, err := f.leasePool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -44,7 +44,7 @@ func TestHolderSessionTokensAcrossCrash(t *testing.T) {
 	for _, driver := range pgopen.Drivers {
 		t.Run(driver, func(t *testing.T) {
 			pool := pgtest.Open(t, driver, cluster.DSN("lease_sess_crash"), 8)
-			store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+			store, err := pool.LeaseStore(fencepg.WithSharedLeases())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -249,7 +249,7 @@ func TestHolderSessionCrossAcquire(t *testing.T) {
 		f := newSessionFixture(t, driver)
 		ctx := t.Context()
 		pool := pgtest.Open(t, driver, f.leaseDSN, 16)
-		store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+		store, err := pool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -434,13 +434,13 @@ func TestHolderSessionMixedModes(t *testing.T) {
 			t.Fatalf("session acquire of a name held without one: %v, want ErrHeld", err)
 		}
 		_, err = f.leases.Renew(ctx, gs)
-		wantLost(t, "per-lease renew of a session grant", err, "WithHolderSessions")
-		wantLost(t, "per-lease release of a session grant", f.leases.Release(ctx, gs), "WithHolderSessions")
+		wantLost(t, "per-lease renew of a session grant", err, "WithSharedLeases")
+		wantLost(t, "per-lease release of a session grant", f.leases.Release(ctx, gs), "WithSharedLeases")
 		_, lostErrs, err := f.leases.RenewAll(ctx, []leasecore.Grant{gs})
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantLost(t, "per-lease RenewAll of a session grant", lostErrs[0], "WithHolderSessions")
+		wantLost(t, "per-lease RenewAll of a session grant", lostErrs[0], "WithSharedLeases")
 		_, err = f.sess.Renew(ctx, gp)
 		wantLost(t, "session renew of a per-lease grant", err, "held without a holder session")
 		wantLost(t, "session release of a per-lease grant", f.sess.Release(ctx, gp), "held without a holder session")
@@ -537,13 +537,13 @@ func TestHolderSessionRuntimeRole(t *testing.T) {
 			t.Fatalf("list with the grants on lease only: %+v, %v", list, err)
 		}
 
-		sess := open(leaseOnly, fencepg.WithHolderSessions())
+		sess := open(leaseOnly, fencepg.WithSharedLeases())
 		err = sess.Preflight(ctx)
 		wantErr(t, err, leasecore.ErrConfig, "GRANT SELECT, INSERT, UPDATE ON leasefence.holder_session TO "+leaseOnly)
 		_, err = sess.Acquire(ctx, "job", "holder-r", time.Minute)
 		wantErr(t, err, leasecore.ErrConfig, "GRANT SELECT, INSERT, UPDATE ON leasefence.holder_session TO this role")
 
-		sess = open(both, fencepg.WithHolderSessions())
+		sess = open(both, fencepg.WithSharedLeases())
 		if err := sess.Preflight(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -574,7 +574,7 @@ func TestHolderSessionCheckSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sess, err := p.LeaseStore(fencepg.WithHolderSessions())
+	sess, err := p.LeaseStore(fencepg.WithSharedLeases())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -741,7 +741,7 @@ func TestHolderSessionUndoRetried(t *testing.T) {
 	}
 	proxy := startCutProxy(t, u.Host)
 	u.Host = proxy.ln.Addr().String()
-	store, err := pgtest.Open(t, pgopen.Pgx, u.String(), 1).LeaseStore(fencepg.WithHolderSessions())
+	store, err := pgtest.Open(t, pgopen.Pgx, u.String(), 1).LeaseStore(fencepg.WithSharedLeases())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -780,7 +780,7 @@ func ambiguousSessionHarness(t *testing.T, driver, prefix string) (h conformance
 	t.Helper()
 	ctx := t.Context()
 	h, err := pgconformance.New(pgconformance.Config{Driver: driver, LeaseDSN: pgtest.CreateDB(t, "lease_"+prefix),
-		ResourceDSN: pgtest.CreateDB(t, "res_"+prefix), HolderSessions: true})(ctx)
+		ResourceDSN: pgtest.CreateDB(t, "res_"+prefix), SharedLeases: true})(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,12 +25,12 @@ type sessionFixture struct {
 func newSessionFixture(t *testing.T, driver string) sessionFixture {
 	t.Helper()
 	f := newFixture(t, driver)
-	sess, err := f.leasePool.LeaseStore(fencepg.WithHolderSessions())
+	sess, err := f.leasePool.LeaseStore(fencepg.WithSharedLeases())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !sess.HolderSessions() || f.leases.HolderSessions() {
-		t.Fatalf("HolderSessions(): with the option %t, without %t", sess.HolderSessions(), f.leases.HolderSessions())
+	if !sess.Shared() || f.leases.Shared() {
+		t.Fatalf("Shared(): with the option %t, without %t", sess.Shared(), f.leases.Shared())
 	}
 	if err := sess.CheckSchema(t.Context()); err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestHolderSessionLifecycle(t *testing.T) {
 		}{{f.sess, "holder-a"}, {f.sess, "holder-b"}, {f.leases, "holder-b"}} {
 			_, err := c.store.Acquire(ctx, "shard-1", c.holder, ttl)
 			if !errors.Is(err, leasecore.ErrHeld) {
-				t.Fatalf("acquire of held shard-1 by %s (holder sessions %t): %v, want ErrHeld", c.holder, c.store.HolderSessions(), err)
+				t.Fatalf("acquire of held shard-1 by %s (holder sessions %t): %v, want ErrHeld", c.holder, c.store.Shared(), err)
 			}
 		}
 		if got := f.state(t, "shard-1"); got != "held by holder-a token=1" {
@@ -262,7 +262,7 @@ func TestHolderSessionRenewWritesOneRow(t *testing.T) {
 		// One connection: the statistics of the store's statements are
 		// that backend's, flushed on request (pg_stat_force_next_flush).
 		pool := pgtest.Open(t, driver, f.leaseDSN, 1)
-		store, err := pool.LeaseStore(fencepg.WithHolderSessions())
+		store, err := pool.LeaseStore(fencepg.WithSharedLeases())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -20,8 +20,8 @@ import (
 	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// Moving a scope to another database: Fence.SealScope in the old database's
-// transaction that reads the job's rows, Fence.InstallScope in the new
+// Moving a scope to another database: the fence's Seal in the old database's
+// transaction that reads the job's rows, its Install in the new
 // database's transaction that writes them (leasecore.ScopeSeal).
 
 // dest is the label the old database records for the new one.
@@ -90,16 +90,16 @@ func beginMove(t *testing.T, f fenceFixture) moveTx {
 
 func (m moveTx) seal(f fenceFixture, scope, to string) (leasecore.ScopeSeal, error) {
 	if m.pgx != nil {
-		return f.fence.SealScope(context.Background(), m.pgx, scope, to)
+		return f.fence.Pgx.Seal(context.Background(), m.pgx, scope, to)
 	}
-	return f.fence.SealScopeTx(context.Background(), m.sql, scope, to)
+	return f.fence.SQL.Seal(context.Background(), m.sql, scope, to)
 }
 
 func (m moveTx) install(f fenceFixture, s leasecore.ScopeSeal) (leasecore.Result, error) {
 	if m.pgx != nil {
-		return f.fence.InstallScope(context.Background(), m.pgx, s)
+		return f.fence.Pgx.Install(context.Background(), m.pgx, s)
 	}
-	return f.fence.InstallScopeTx(context.Background(), m.sql, s)
+	return f.fence.SQL.Install(context.Background(), m.sql, s)
 }
 
 func (m moveTx) exec(t *testing.T, stmt string, args ...any) {
@@ -301,10 +301,10 @@ func TestMoveScope(t *testing.T) {
 		for _, c := range []leasecore.Claim{a, b, {Scope: "nightly", Writer: "holder-c", Token: 3}, {Scope: "nightly", Writer: "holder-z", Token: backendkit.MaxToken}} {
 			var res leasecore.Result
 			var err error
-			if old.resPool.Pgx != nil {
-				res, err = old.fence.RunTx(ctx, c, func(pgx.Tx) error { return errors.New("ran under a sealed scope") })
+			if old.fence.Pgx != nil {
+				res, err = old.fence.Pgx.RunTx(ctx, c, func(pgx.Tx) error { return errors.New("ran under a sealed scope") })
 			} else {
-				res, err = old.fence.RunSQLTx(ctx, c, func(*sql.Tx) error { return errors.New("ran under a sealed scope") })
+				res, err = old.fence.SQL.RunTx(ctx, c, func(*sql.Tx) error { return errors.New("ran under a sealed scope") })
 			}
 			wantMoved(t, fmt.Sprintf("token %d in a transaction at the old database", c.Token), res, err, c.Token, 2)
 			res, err = old.fence.Advance(ctx, c)
@@ -314,16 +314,16 @@ func TestMoveScope(t *testing.T) {
 		var res leasecore.Result
 		var err error
 		if tx.pgx != nil {
-			res, err = old.fence.Commit(ctx, tx.pgx, b)
+			res, err = old.fence.Pgx.Commit(ctx, tx.pgx, b)
 		} else {
-			res, err = old.fence.CommitTx(ctx, tx.sql, b)
+			res, err = old.fence.SQL.Commit(ctx, tx.sql, b)
 		}
 		tx.rollback()
 		wantMoved(t, "B's commit of its own transaction at the old database", res, err, 2, 2)
 		if p := old.resPool.Pgx; p != nil {
 			batch := &pgx.Batch{}
 			batch.Queue(upsertRun, "nightly", "holder-b", 2, 99)
-			res, err = old.fence.SendBatch(ctx, p, b, batch)
+			res, err = old.fence.Pgx.SendBatch(ctx, p, b, batch)
 			wantMoved(t, "B's pipeline at the old database", res, err, 2, 2)
 		}
 		res, err = old.res.Write(ctx, leasecore.Write{Scope: "nightly", Part: "summary", Content: "x", Writer: "holder-b", Token: 2})
@@ -431,7 +431,8 @@ func TestMoveScopeCarriesTokenSpace(t *testing.T) {
 
 // TestMoveScopeNeverFenced: a scope that never had a floor is sealed with
 // floor 0; installing it raises nothing, and is refused where the scope
-// has a floor; a scope sealed at a database does not come back to it.
+// has a floor; a scope sealed at a database does not come back to it,
+// except after the owner's reset.
 func TestMoveScopeNeverFenced(t *testing.T) {
 	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
 		old, to := newFenceFixture(t, driver), newMoveTarget(t, driver)
@@ -457,9 +458,24 @@ func TestMoveScopeNeverFenced(t *testing.T) {
 		res, err = tx.install(old, back)
 		tx.rollback()
 		wantMoved(t, "install back at the database the scope left", res, err, 1, 0)
-		if err == nil || !strings.Contains(err.Error(), "install scope") {
+		if err == nil || !strings.Contains(err.Error(), `install scope "fresh"`) {
 			t.Errorf("install back: %v, want the op named", err)
 		}
+
+		// Unless the owner resets it (the administrative path Install's
+		// godoc names): with the floor row gone the database is a new
+		// location for the scope again.
+		if _, err := old.resourceDB.Exec(ctx, `BEGIN; SET LOCAL leasefence_admin.allow_token_reset = on;
+			DELETE FROM leasefence.fence_floor WHERE scope = 'fresh'; COMMIT`); err != nil {
+			t.Fatal(err)
+		}
+		tx = beginMove(t, old)
+		res, err = tx.install(old, back)
+		tx.rollback()
+		if err != nil {
+			t.Fatalf("install back after the reset: %v", err)
+		}
+		backendtest.WantResult(t, "install back after the reset", res, true, 1)
 	})
 }
 
@@ -498,12 +514,12 @@ func TestMoveScopeCutsOffOpenTransactions(t *testing.T) {
 				<-release
 				return nil
 			}
-			if p := old.resPool.Pgx; p != nil {
-				o.res, o.err = old.fence.RunTx(ctx, b, func(tx pgx.Tx) error {
+			if old.fence.Pgx != nil {
+				o.res, o.err = old.fence.Pgx.RunTx(ctx, b, func(tx pgx.Tx) error {
 					return write(func(s string, args ...any) error { _, err := tx.Exec(ctx, s, args...); return err })
 				})
 			} else {
-				o.res, o.err = old.fence.RunSQLTx(ctx, b, func(tx *sql.Tx) error {
+				o.res, o.err = old.fence.SQL.RunTx(ctx, b, func(tx *sql.Tx) error {
 					return write(func(s string, args ...any) error { _, err := tx.ExecContext(ctx, s, args...); return err })
 				})
 			}
@@ -561,7 +577,7 @@ func TestMoveScopeCutsOffOpenTransactions(t *testing.T) {
 	})
 }
 
-// TestMoveScopeBadInput: bad input to SealScope and InstallScope is an
+// TestMoveScopeBadInput: bad input to Seal and Install is an
 // *ArgError naming the field, wrapping leasecore.ErrInvalidArgument, and
 // nothing is written in either database.
 func TestMoveScopeBadInput(t *testing.T) {
@@ -608,27 +624,26 @@ func TestMoveScopeBadInput(t *testing.T) {
 				t.Errorf("install with %s returned %+v with its error", tc.what, res)
 			}
 		}
-		if _, err := old.fence.SealScope(ctx, nil, "nightly", dest); err == nil {
-			t.Error("SealScope with a nil transaction: no error")
+		var err error
+		if old.fence.Pgx != nil {
+			_, err = old.fence.Pgx.Seal(ctx, nil, "nightly", dest)
 		} else {
-			wantArgField(t, "SealScope(nil)", err, "tx")
+			_, err = old.fence.SQL.Seal(ctx, nil, "nightly", dest)
 		}
-		if _, err := old.fence.SealScopeTx(ctx, nil, "nightly", dest); err == nil {
-			t.Error("SealScopeTx with a nil transaction: no error")
+		wantArgField(t, "Seal(nil)", err, "tx")
+		if to.fence.Pgx != nil {
+			_, err = to.fence.Pgx.Install(ctx, nil, good)
 		} else {
-			wantArgField(t, "SealScopeTx(nil)", err, "tx")
+			_, err = to.fence.SQL.Install(ctx, nil, good)
 		}
-		_, err := to.fence.InstallScope(ctx, nil, good)
-		wantArgField(t, "InstallScope(nil)", err, "tx")
-		_, err = to.fence.InstallScopeTx(ctx, nil, good)
-		wantArgField(t, "InstallScopeTx(nil)", err, "tx")
+		wantArgField(t, "Install(nil)", err, "tx")
 		done, cancel := context.WithCancel(ctx)
 		cancel()
 		tx := beginMove(t, old)
 		if tx.pgx != nil {
-			_, err = old.fence.SealScope(done, tx.pgx, "nightly", dest)
+			_, err = old.fence.Pgx.Seal(done, tx.pgx, "nightly", dest)
 		} else {
-			_, err = old.fence.SealScopeTx(done, tx.sql, "nightly", dest)
+			_, err = old.fence.SQL.Seal(done, tx.sql, "nightly", dest)
 		}
 		tx.rollback()
 		if !errors.Is(err, context.Canceled) {

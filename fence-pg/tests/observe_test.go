@@ -73,10 +73,7 @@ func TestFenceObserver(t *testing.T) {
 			fencepg.WithFenceObserver(second.observe), fencepg.WithLogger(slog.New(slog.NewJSONHandler(&logBuf, nil))),
 			fencepg.WithLogger(nil))
 		ctx := context.Background()
-		run := "run tx"
-		if driver == pgopen.Libpq {
-			run = "run sql tx"
-		}
+		const run = "run tx" // either fence's RunTx
 		a := leasecore.Claim{Scope: "obs", Writer: "holder-a", Token: 1, Space: "postgres:a"}
 		b := leasecore.Claim{Scope: "obs", Writer: "holder-b", Token: 2, Space: "postgres:a"}
 
@@ -95,7 +92,7 @@ func TestFenceObserver(t *testing.T) {
 			t.Errorf("second observer saw %q, want the same 5 events", got)
 		}
 
-		// Commit and CommitTx ending the caller's own transaction.
+		// Commit ending the caller's own transaction.
 		commit := func(c leasecore.Claim) {
 			t.Helper()
 			var err error
@@ -104,13 +101,13 @@ func TestFenceObserver(t *testing.T) {
 				if berr != nil {
 					t.Fatal(berr)
 				}
-				_, err = f.fence.Commit(ctx, tx, c)
+				_, err = f.fence.Pgx.Commit(ctx, tx, c)
 			} else {
 				tx, berr := f.resPool.SQL.BeginTx(ctx, nil)
 				if berr != nil {
 					t.Fatal(berr)
 				}
-				_, err = f.fence.CommitTx(ctx, tx, c)
+				_, err = f.fence.SQL.Commit(ctx, tx, c)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -128,10 +125,10 @@ func TestFenceObserver(t *testing.T) {
 		// Errors without a Result: the caller's function failed, bad input.
 		boom := errors.New("boom")
 		var err error
-		if f.resPool.Pgx != nil {
-			_, err = f.fence.RunTx(ctx, b, func(pgx.Tx) error { return boom })
+		if f.fence.Pgx != nil {
+			_, err = f.fence.Pgx.RunTx(ctx, b, func(pgx.Tx) error { return boom })
 		} else {
-			_, err = f.fence.RunSQLTx(ctx, b, func(*sql.Tx) error { return boom })
+			_, err = f.fence.SQL.RunTx(ctx, b, func(*sql.Tx) error { return boom })
 		}
 		if !errors.Is(err, boom) {
 			t.Fatalf("run with a failing function: %v", err)
@@ -198,10 +195,10 @@ func (f fenceFixture) writeJobErr(t *testing.T, c leasecore.Claim) {
 	ctx := context.Background()
 	var res leasecore.Result
 	var err error
-	if p := f.resPool.Pgx; p != nil {
-		res, err = f.fence.RunTx(ctx, c, func(pgx.Tx) error { return nil })
+	if f.fence.Pgx != nil {
+		res, err = f.fence.Pgx.RunTx(ctx, c, func(pgx.Tx) error { return nil })
 	} else {
-		res, err = f.fence.RunSQLTx(ctx, c, func(*sql.Tx) error { return nil })
+		res, err = f.fence.SQL.RunTx(ctx, c, func(*sql.Tx) error { return nil })
 	}
 	if res.Accepted || !errors.Is(err, leasecore.ErrTokenSpace) {
 		t.Fatalf("claim %+v: %+v, %v; want a rejection with ErrTokenSpace", c, res, err)
@@ -219,7 +216,7 @@ func TestFenceObserverSendBatch(t *testing.T) {
 		t.Helper()
 		b := &pgx.Batch{}
 		b.Queue(upsertRun, c.Scope, c.Writer, int64(c.Token), 1)
-		if _, err := f.fence.SendBatch(ctx, f.resPool.Pgx, c, b); err != nil {
+		if _, err := f.fence.Pgx.SendBatch(ctx, f.resPool.Pgx, c, b); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -19,18 +19,11 @@ import (
 	"github.com/leasefence/leasefence/leasecore"
 )
 
-// newFence returns a Fence on the fixture's resource pool with opts.
-func (f *fixture) newFence(t *testing.T, opts ...fencepg.Option) *fencepg.Fence {
+// newFence returns the fence of the fixture's resource pool's driver,
+// with opts.
+func (f *fixture) newFence(t *testing.T, opts ...fencepg.Option) pgopen.Fence {
 	t.Helper()
-	var (
-		fence *fencepg.Fence
-		err   error
-	)
-	if f.resPool.Pgx != nil {
-		fence, err = fencepg.NewFence(f.resPool.Pgx, opts...)
-	} else {
-		fence, err = fencepg.NewFenceDB(f.resPool.SQL, opts...)
-	}
+	fence, err := f.resPool.Fence(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,12 +31,12 @@ func (f *fixture) newFence(t *testing.T, opts ...fencepg.Option) *fencepg.Fence 
 }
 
 // fencedWrite writes one row-less transaction under claim c through the
-// fence's full transaction path (RunTx or RunSQLTx): a real fenced write.
-func fencedWrite(ctx context.Context, fence *fencepg.Fence, pool pgopen.Pool, c leasecore.Claim) (leasecore.Result, error) {
-	if pool.Pgx != nil {
-		return fence.RunTx(ctx, c, func(pgx.Tx) error { return nil })
+// fence's full transaction path (RunTx): a real fenced write.
+func fencedWrite(ctx context.Context, fence pgopen.Fence, c leasecore.Claim) (leasecore.Result, error) {
+	if fence.Pgx != nil {
+		return fence.Pgx.RunTx(ctx, c, func(pgx.Tx) error { return nil })
 	}
-	return fence.RunSQLTx(ctx, c, func(*sql.Tx) error { return nil })
+	return fence.SQL.RunTx(ctx, c, func(*sql.Tx) error { return nil })
 }
 
 // wantArgError fails unless err wraps leasecore.ErrInvalidArgument and
@@ -257,15 +250,15 @@ func TestFloorsAndRejectedAttempts(t *testing.T) {
 			{Scope: "reports", Writer: "holder-x", Token: 5},
 			{Scope: "invoices", Writer: "holder-b", Token: 2},
 		} {
-			if res, err := fencedWrite(ctx, fence, f.resPool, c); err != nil || !res.Accepted {
+			if res, err := fencedWrite(ctx, fence, c); err != nil || !res.Accepted {
 				t.Fatalf("write %+v: %+v, %v", c, res, err)
 			}
 		}
 		stale := leasecore.Claim{Scope: "invoices", Writer: "holder-a", Token: 1}
-		if res, err := fencedWrite(ctx, fence, f.resPool, stale); err != nil || res.Accepted || res.Floor != 2 {
+		if res, err := fencedWrite(ctx, fence, stale); err != nil || res.Accepted || res.Floor != 2 {
 			t.Fatalf("the stale write: %+v, %v; want rejected by floor 2", res, err)
 		}
-		if res, err := fencedWrite(ctx, fence, f.resPool, leasecore.Claim{Scope: "invoices", Writer: "holder-b", Token: 2}); err != nil || !res.Accepted {
+		if res, err := fencedWrite(ctx, fence, leasecore.Claim{Scope: "invoices", Writer: "holder-b", Token: 2}); err != nil || !res.Accepted {
 			t.Fatalf("holder-b again: %+v, %v", res, err)
 		}
 

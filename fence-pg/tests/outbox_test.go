@@ -25,7 +25,7 @@ import (
 // outboxFixture is a fence fixture with an Outbox on the same database.
 type outboxFixture struct {
 	fenceFixture
-	outbox *fencepg.Outbox
+	outbox pgopen.Outbox
 }
 
 func newOutboxFixture(t *testing.T, driver string, opts ...fencepg.Option) outboxFixture {
@@ -34,15 +34,9 @@ func newOutboxFixture(t *testing.T, driver string, opts ...fencepg.Option) outbo
 	return outboxFixture{f, openOutbox(t, f.resPool, opts...)}
 }
 
-func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Outbox {
+func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) pgopen.Outbox {
 	t.Helper()
-	var o *fencepg.Outbox
-	var err error
-	if p.Pgx != nil {
-		o, err = fencepg.NewOutbox(p.Pgx, opts...)
-	} else {
-		o, err = fencepg.NewOutboxDB(p.SQL, opts...)
-	}
+	o, err := p.Outbox(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +44,7 @@ func openOutbox(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Ou
 }
 
 // publish runs the user's fenced transaction: the job's header row and one
-// outbox entry per payload, the way the driver offers (RunTx / RunSQLTx).
+// outbox entry per payload, the way the driver offers (Fence.RunTx / FenceDB.RunTx).
 // fail, when set, makes the transaction's function fail after the entries
 // were added.
 func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payloads ...string) (leasecore.Result, []leasecore.OutboxEntry, error) {
@@ -71,18 +65,18 @@ func (f outboxFixture) publish(t *testing.T, c leasecore.Claim, fail error, payl
 		return fail
 	}
 	if f.resPool.Pgx != nil {
-		res, err := f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+		res, err := f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 			return body(func(q string, args ...any) error { _, err := tx.Exec(ctx, q, args...); return err },
 				func(p string) (leasecore.OutboxEntry, error) {
-					return f.outbox.Add(ctx, tx, c, "report-published", []byte(p))
+					return f.outbox.Pgx.Add(ctx, tx, c, "report-published", []byte(p))
 				})
 		})
 		return res, added, err
 	}
-	res, err := f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+	res, err := f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 		return body(func(q string, args ...any) error { _, err := tx.ExecContext(ctx, q, args...); return err },
 			func(p string) (leasecore.OutboxEntry, error) {
-				return f.outbox.AddTx(ctx, tx, c, "report-published", []byte(p))
+				return f.outbox.SQL.Add(ctx, tx, c, "report-published", []byte(p))
 			})
 	})
 	return res, added, err
@@ -163,7 +157,7 @@ func TestOutboxInFencedTx(t *testing.T) {
 // TestOutboxAddNeedsTheFloor: Add inserts only while the scope's floor is
 // the claim's token (a floor not raised yet, or raised past the token,
 // inserts nothing and says why, naming the floor), and in a transaction the
-// caller ends with Commit (CommitTx) the comparison at commit covers the
+// caller ends with Commit the comparison at commit covers the
 // entry: a newer token advanced between Add and the commit rejects the
 // transaction, entry included.
 func TestOutboxAddNeedsTheFloor(t *testing.T) {
@@ -180,22 +174,22 @@ func TestOutboxAddNeedsTheFloor(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer tx.Rollback(ctx) //nolint:errcheck // after Commit it is a no-op
-				if _, err := f.outbox.Add(ctx, tx, add, "t", []byte("p")); err != nil {
+				if _, err := f.outbox.Pgx.Add(ctx, tx, add, "t", []byte("p")); err != nil {
 					return leasecore.Result{}, err
 				}
 				between()
-				return f.fence.Commit(ctx, tx, add)
+				return f.fence.Pgx.Commit(ctx, tx, add)
 			}
 			tx, err := f.resPool.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
-			if _, err := f.outbox.AddTx(ctx, tx, add, "t", []byte("p")); err != nil {
+			if _, err := f.outbox.SQL.Add(ctx, tx, add, "t", []byte("p")); err != nil {
 				return leasecore.Result{}, err
 			}
 			between()
-			return f.fence.CommitTx(ctx, tx, add)
+			return f.fence.SQL.Commit(ctx, tx, add)
 		}
 		nothing := func() {}
 		_, err := inTx(c, nothing)
@@ -463,23 +457,26 @@ func TestOutboxBadInput(t *testing.T) {
 			{"token 0", "token", "t", leasecore.Claim{Scope: "s", Writer: "w"}, nil},
 		} {
 			var err error
-			if p := f.resPool.Pgx; p != nil {
-				_, _ = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
-					_, err = f.outbox.Add(ctx, tx, tc.c, tc.topic, tc.payload)
+			if f.fence.Pgx != nil {
+				_, _ = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
+					_, err = f.outbox.Pgx.Add(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
 			} else {
-				_, _ = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
-					_, err = f.outbox.AddTx(ctx, tx, tc.c, tc.topic, tc.payload)
+				_, _ = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
+					_, err = f.outbox.SQL.Add(ctx, tx, tc.c, tc.topic, tc.payload)
 					return err
 				})
 			}
 			wantField(tc.what, tc.field, err)
 		}
-		_, err := f.outbox.Add(ctx, nil, c, "t", nil)
-		wantField("nil pgx tx", "tx", err)
-		_, err = f.outbox.AddTx(ctx, nil, c, "t", nil)
-		wantField("nil sql tx", "tx", err)
+		var err error
+		if f.outbox.Pgx != nil {
+			_, err = f.outbox.Pgx.Add(ctx, nil, c, "t", nil)
+		} else {
+			_, err = f.outbox.SQL.Add(ctx, nil, c, "t", nil)
+		}
+		wantField("nil tx", "tx", err)
 		cancelled, cancel := context.WithCancel(ctx)
 		cancel()
 		if p := f.resPool.Pgx; p != nil {
@@ -487,7 +484,7 @@ func TestOutboxBadInput(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := f.outbox.Add(cancelled, tx, c, "t", nil); !errors.Is(err, context.Canceled) {
+			if _, err := f.outbox.Pgx.Add(cancelled, tx, c, "t", nil); !errors.Is(err, context.Canceled) {
 				t.Errorf("cancelled Add: %v", err)
 			}
 			_ = tx.Rollback(ctx)
@@ -563,13 +560,13 @@ func TestOutboxRuntimeRole(t *testing.T) {
 		c := leasecore.Claim{Scope: "s", Writer: "w", Token: 3}
 		var res leasecore.Result
 		if p.Pgx != nil {
-			res, err = f.fence.RunTx(ctx, c, func(tx pgx.Tx) error {
-				_, err := f.outbox.Add(ctx, tx, c, "t", []byte("p"))
+			res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
+				_, err := f.outbox.Pgx.Add(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
 		} else {
-			res, err = f.fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
-				_, err := f.outbox.AddTx(ctx, tx, c, "t", []byte("p"))
+			res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
+				_, err := f.outbox.SQL.Add(ctx, tx, c, "t", []byte("p"))
 				return err
 			})
 		}
@@ -601,8 +598,8 @@ func TestOutboxRelayLateCommittedEntry(t *testing.T) {
 	added, commit := make(chan error, 1), make(chan struct{})
 	var open sync.WaitGroup
 	open.Go(func() {
-		_, err := f.fence.RunTx(ctx, s1, func(tx pgx.Tx) error {
-			_, err := f.outbox.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
+		_, err := f.fence.Pgx.RunTx(ctx, s1, func(tx pgx.Tx) error {
+			_, err := f.outbox.Pgx.Add(ctx, tx, s1, "report-published", []byte("s1-1"))
 			added <- err
 			<-commit
 			return err

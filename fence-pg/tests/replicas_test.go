@@ -308,7 +308,7 @@ func TestAsyncFailoverRecoverySQL(t *testing.T) {
 
 	// The recovery step. 1,000,000 stands for "more acquires than the lost
 	// primary can have committed past what the standby received".
-	// session_id and acquire_id: names on a holder session (fencepg.WithHolderSessions)
+	// session_id and acquire_id: names on a holder session (fencepg.WithSharedLeases)
 	// are held while their session lives, whatever expires_at says.
 	const recovery = `UPDATE leasefence.lease SET token = token + 1000000, expires_at = '-infinity', session_id = NULL, acquire_id = NULL`
 	conn := pgtest.Open(t, pgopen.Libpq, pair.Standby().DSN("app"), 1)

@@ -207,12 +207,12 @@ func TestRuntimeRole(t *testing.T) {
 		write := func(tok leasecore.Token) (leasecore.Result, error) {
 			c := leasecore.Claim{Scope: "job", Writer: "h", Token: tok}
 			if p.Pgx != nil {
-				return fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+				return fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, `INSERT INTO public.job_run VALUES ('job', 1) ON CONFLICT (scope) DO UPDATE SET total = 2`)
 					return err
 				})
 			}
-			return fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+			return fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, `INSERT INTO public.job_run VALUES ('job', 1) ON CONFLICT (scope) DO UPDATE SET total = 2`)
 				return err
 			})
@@ -227,7 +227,7 @@ func TestRuntimeRole(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if checked, err = fence.Commit(ctx, tx, c); err != nil {
+			if checked, err = fence.Pgx.Commit(ctx, tx, c); err != nil {
 				t.Fatalf("commit: %v", err)
 			}
 		} else {
@@ -235,7 +235,7 @@ func TestRuntimeRole(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if checked, err = fence.CommitTx(ctx, tx, c); err != nil {
+			if checked, err = fence.SQL.Commit(ctx, tx, c); err != nil {
 				t.Fatalf("commit: %v", err)
 			}
 		}
@@ -248,7 +248,7 @@ func TestRuntimeRole(t *testing.T) {
 		if p.Pgx != nil {
 			b := &pgx.Batch{}
 			b.Queue(`UPDATE public.job_run SET total = 3 WHERE scope = 'job'`)
-			if r, err := fence.SendBatch(ctx, p.Pgx, leasecore.Claim{Scope: "job", Writer: "old", Token: g.Token + 1}, b); err != nil || !r.Accepted {
+			if r, err := fence.Pgx.SendBatch(ctx, p.Pgx, leasecore.Claim{Scope: "job", Writer: "old", Token: g.Token + 1}, b); err != nil || !r.Accepted {
 				t.Fatalf("pipeline: %+v %v", r, err)
 			}
 		}

@@ -187,14 +187,8 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 		leases, _ := openStores(t, p)
 		fence := openFence(t, p)
 		// The optional block's grants: holder sessions and the outbox.
-		sessions, _ := openStores(t, p, fencepg.WithHolderSessions())
-		var outbox *fencepg.Outbox
-		var err error
-		if p.Pgx != nil {
-			outbox, err = fencepg.NewOutbox(p.Pgx)
-		} else {
-			outbox, err = fencepg.NewOutboxDB(p.SQL)
-		}
+		sessions, _ := openStores(t, p, fencepg.WithSharedLeases())
+		outbox, err := p.Outbox()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,12 +208,12 @@ func TestLeastPrivilegeRuntimeRole(t *testing.T) {
 		write := func(c leasecore.Claim, result string) (leasecore.Result, error) {
 			const upsert = `INSERT INTO jobs.job_run VALUES ($1, $2) ON CONFLICT (scope) DO UPDATE SET result = EXCLUDED.result`
 			if p.Pgx != nil {
-				return fence.RunTx(ctx, c, func(tx pgx.Tx) error {
+				return fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
 					_, err := tx.Exec(ctx, upsert, c.Scope, result)
 					return err
 				})
 			}
-			return fence.RunSQLTx(ctx, c, func(tx *sql.Tx) error {
+			return fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
 				_, err := tx.ExecContext(ctx, upsert, c.Scope, result)
 				return err
 			})

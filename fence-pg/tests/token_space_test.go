@@ -302,27 +302,27 @@ func TestTokenSpaceRejections(t *testing.T) {
 		called := false
 		fn := func() error { called = true; return nil }
 		if p := f.resPool.Pgx; p != nil {
-			res, err := f.fence.RunTx(ctx, b, func(pgx.Tx) error { return fn() })
+			res, err := f.fence.Pgx.RunTx(ctx, b, func(pgx.Tx) error { return fn() })
 			wantTokenSpaceError(t, "RunTx", res, err, b, 3, spaceA)
 			tx, err := p.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err = f.fence.Commit(ctx, tx, b)
+			res, err = f.fence.Pgx.Commit(ctx, tx, b)
 			wantTokenSpaceError(t, "Commit", res, err, b, 3, spaceA)
 			batch := &pgx.Batch{}
 			batch.Queue(upsertRun, b.Scope, b.Writer, int64(b.Token), 99)
-			res, err = f.fence.SendBatch(ctx, p, b, batch)
+			res, err = f.fence.Pgx.SendBatch(ctx, p, b, batch)
 			wantTokenSpaceError(t, "SendBatch", res, err, b, 3, spaceA)
 		} else {
-			res, err := f.fence.RunSQLTx(ctx, b, func(*sql.Tx) error { return fn() })
-			wantTokenSpaceError(t, "RunSQLTx", res, err, b, 3, spaceA)
+			res, err := f.fence.SQL.RunTx(ctx, b, func(*sql.Tx) error { return fn() })
+			wantTokenSpaceError(t, "RunTx", res, err, b, 3, spaceA)
 			tx, err := f.resPool.SQL.BeginTx(ctx, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			res, err = f.fence.CommitTx(ctx, tx, b)
-			wantTokenSpaceError(t, "CommitTx", res, err, b, 3, spaceA)
+			res, err = f.fence.SQL.Commit(ctx, tx, b)
+			wantTokenSpaceError(t, "Commit", res, err, b, 3, spaceA)
 		}
 		if called {
 			t.Error("the rejected transaction's function ran")

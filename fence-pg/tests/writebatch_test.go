@@ -212,7 +212,7 @@ func TestWriteBatchSharesStatement(t *testing.T) {
 }
 
 // TestWriteBatchNotHeldByRaise: a scope whose floor is being raised by a
-// long transaction (the install of a scope moved here, InstallScope, which
+// long transaction (the install of a scope moved here, Install, which
 // takes the floor row first and holds it until the copy commits) delays
 // its own stale writer only. Queued behind two held writes, the stale write and writes of
 // 30 other scopes go into one statement; the others are stored while the
@@ -247,7 +247,7 @@ func TestWriteBatchNotHeldByRaise(t *testing.T) {
 			var err error
 			if pool.Pgx != nil {
 				err = pgx.BeginFunc(ctx, pool.Pgx, func(tx pgx.Tx) error {
-					if r, err = fence.InstallScope(ctx, tx, s); err == nil {
+					if r, err = fence.Pgx.Install(ctx, tx, s); err == nil {
 						enter()
 						<-resume
 					}
@@ -256,7 +256,7 @@ func TestWriteBatchNotHeldByRaise(t *testing.T) {
 			} else {
 				var tx *sql.Tx
 				if tx, err = pool.SQL.BeginTx(ctx, nil); err == nil {
-					if r, err = fence.InstallScopeTx(ctx, tx, s); err == nil {
+					if r, err = fence.SQL.Install(ctx, tx, s); err == nil {
 						enter()
 						<-resume
 						err = tx.Commit()

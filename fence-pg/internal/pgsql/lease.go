@@ -23,7 +23,7 @@ package pgsql
 //
 // A name on a holder session (AcquireSession) has expires_at 'infinity':
 // this statement sees it as held until it is released, and never takes it
-// from a session, even an expired one (see fencepg.WithHolderSessions).
+// from a session, even an expired one (see fencepg.WithSharedLeases).
 const Acquire = `INSERT INTO leasefence.lease AS l (name, holder, token, expires_at)
 SELECT $1::text, $2::text, 1, now() + $3::bigint * interval '1 microsecond' WHERE ` + DurableCommit + `
 ON CONFLICT (name) DO UPDATE
@@ -61,7 +61,7 @@ const DurableCommit = `CASE WHEN current_setting('synchronous_commit') IN ('off'
 // (tokens are never reused); expires_at > now() refuses a late renew or
 // release; holder guards against a caller mixing up grants. session_id IS
 // NULL keeps these statements off a name that hangs on a holder session
-// (WithHolderSessions): its expires_at is 'infinity' and means nothing to
+// (WithSharedLeases): its expires_at is 'infinity' and means nothing to
 // them; renewing it here would give it an expiry of its own that a store
 // without the mode would later treat as free while the session still
 // holds it. The column is in the row already read: it costs nothing.

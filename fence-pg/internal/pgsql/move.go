@@ -1,7 +1,7 @@
 package pgsql
 
-// Moving a scope to another database (fencepg.Fence.SealScope and
-// InstallScope; leasecore.ScopeSeal describes the move).
+// Moving a scope to another database (fencepg's Seal and
+// Install; leasecore.ScopeSeal describes the move).
 //
 // A sealed scope's floor is SealedFloor, the largest bigint, above every
 // token: the fence's own comparison rejects every claim there, so the

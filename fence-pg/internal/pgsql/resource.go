@@ -103,8 +103,8 @@ func idleTimeout(param string) string {
   coalesce(` + param + `::text, current_setting('idle_in_transaction_session_timeout')), true)`
 }
 
-// FenceEarlyRead is the first statement of fencepg.Fence.RunTx and
-// RunSQLTx: the floor of scope $1 (0 for none), read without a lock, and
+// FenceEarlyRead is the first statement of fencepg's RunTx (Fence's and
+// FenceDB's): the floor of scope $1 (0 for none), read without a lock, and
 // the idle timeout $2. A floor above the token rejects the transaction
 // before the caller's function runs; one below it is raised first. The
 // decision itself is taken at commit (FenceGuardOrRaise, FenceShared):
@@ -118,8 +118,8 @@ var FenceEarlyRead = `SELECT coalesce((SELECT max_token FROM leasefence.fence_fl
 var FenceSettings = `SELECT ` + idleTimeout("$1")
 
 // FenceShared is sharedFloor on its own: the comparison a database/sql
-// fenced transaction ends with before its COMMIT (fencepg.Fence.RunSQLTx,
-// CommitTx). $1 scope, $2 token; a row back means accepted.
+// fenced transaction ends with before its COMMIT (fencepg.FenceDB's RunTx
+// and Commit). $1 scope, $2 token; a row back means accepted.
 const FenceShared = sharedFloor
 
 // FenceGuardOrRaise is the fast path of a pipeline (fencepg.Fence.SendBatch)
@@ -197,8 +197,8 @@ SELECT max_token FROM same`
 
 // FenceCheck is the full check: the last statement before COMMIT of a
 // database/sql fenced transaction when FenceShared found no equal floor
-// (fencepg.Fence.RunSQLTx, CommitTx), Advance's statement in autocommit,
-// and InstallScope's. It returns the floor; accepted ⇔ floor = $2. After a
+// (fencepg.FenceDB's RunTx and Commit), Advance's statement in autocommit,
+// and Install's. It returns the floor; accepted ⇔ floor = $2. After a
 // rejection the caller's transaction rolls back, which would take a
 // rejected attempt's log entry with it: inside one, callers pass $5 =
 // false and log it with LogAttempt on a connection of their own.

@@ -21,8 +21,9 @@ func InSchema(stmt, schema string) string {
 // Column is one column a table of the library must have.
 type Column struct{ Table, Name, Type string }
 
-// LeaseColumns and ResourceColumns are what CheckSchema compares with the
-// catalog (information_schema.columns.data_type spelling).
+// LeaseColumns, FenceColumns and ResourceColumns are what CheckSchema
+// compares with the catalog (information_schema.columns.data_type
+// spelling).
 var (
 	LeaseColumns = []Column{
 		{"lease", "name", "text"}, {"lease", "holder", "text"}, {"lease", "token", "bigint"},
@@ -39,16 +40,22 @@ var (
 		{"holder_session", "session_id", "uuid"}, {"holder_session", "expires_at", "timestamp with time zone"},
 		{"holder_session", "generation", "bigint"},
 	}
-	ResourceColumns = []Column{
+	// FenceColumns are a fence's tables'. A Fence does not ask for
+	// report_part, which only the part store (Resource) writes: its role
+	// need not see it.
+	FenceColumns = []Column{
 		{"fence_floor", "scope", "text"}, {"fence_floor", "max_token", "bigint"}, {"fence_floor", "token_space", "text"},
-		{"report_part", "scope", "text"}, {"report_part", "part", "text"}, {"report_part", "content", "text"},
-		{"report_part", "writer", "text"}, {"report_part", "token", "bigint"},
-		{"report_part", "written_at", "timestamp with time zone"},
 		{"write_attempt", "scope", "text"}, {"write_attempt", "id", "bigint"}, {"write_attempt", "part", "text"},
 		{"write_attempt", "writer", "text"}, {"write_attempt", "token", "bigint"},
 		{"write_attempt", "accepted", "boolean"}, {"write_attempt", "floor", "bigint"},
 		{"write_attempt", "attempted_at", "timestamp with time zone"},
 	}
+	// ResourceColumns are the part store's: the fence's and report_part.
+	ResourceColumns = append(FenceColumns[:len(FenceColumns):len(FenceColumns)],
+		Column{"report_part", "scope", "text"}, Column{"report_part", "part", "text"}, Column{"report_part", "content", "text"},
+		Column{"report_part", "writer", "text"}, Column{"report_part", "token", "bigint"},
+		Column{"report_part", "written_at", "timestamp with time zone"},
+	)
 )
 
 // Columns reads the columns of schema $1's tables: table, column, type.

@@ -1,6 +1,6 @@
 package pgsql
 
-// Statements of holder-session mode (fencepg.WithHolderSessions): a
+// Statements of holder-session mode (fencepg.WithSharedLeases): a
 // holder's names with one TTL hang on one row of holder_session, keyed by
 // (holder, ttl_us), and a renewal updates that row only. A name is held
 // while lease.session_id equals the session_id of its holder's row and that

@@ -18,7 +18,7 @@ import (
 // and Preflight's check both read them.
 var RuntimeGrants = map[string]string{
 	"lease":          "SELECT, INSERT, UPDATE",
-	"holder_session": "SELECT, INSERT, UPDATE", // with fencepg.WithHolderSessions only
+	"holder_session": "SELECT, INSERT, UPDATE", // with fencepg.WithSharedLeases only
 	"fence_floor":    "SELECT, INSERT, UPDATE",
 	"report_part":    "SELECT, INSERT, UPDATE",
 	"write_attempt":  "SELECT, INSERT, DELETE",         // DELETE for PruneAttempts only
@@ -45,10 +45,6 @@ var (
 // TablePrivileges is one table and the privileges a store needs on it,
 // comma-separated as in a GRANT.
 type TablePrivileges struct{ Table, Privileges string }
-
-// ErrNotDurable: the server runs with fsync off. It wraps
-// leasecore.ErrConfig.
-var ErrNotDurable = fmt.Errorf("server not crash-safe (fsync = off): %w", leasecore.ErrConfig)
 
 // PreflightServer reads, in one round trip on one connection: the session's
 // role (quoted for a GRANT), the server's fsync, whether the schema exists
@@ -82,7 +78,7 @@ ORDER BY t.ord`
 //  1. the server can be reached with the pool's DSN (an unknown database
 //     or role, a failed login: MapError's leasecore.ErrConfig);
 //  2. the server is crash-safe: fsync on, else an error wrapping
-//     ErrNotDurable (and leasecore.ErrConfig);
+//     notDurable (fencepg.ErrNotDurable, which wraps leasecore.ErrConfig);
 //  3. the pool's role has USAGE on schema and the privileges tables lists,
 //     and EXECUTE on the functions funcs: else leasecore.ErrConfig, with
 //     every missing GRANT spelled for this role;
@@ -91,7 +87,7 @@ ORDER BY t.ord`
 //
 // A missing schema or table is left to CheckSchema, which says to run
 // Migrate.
-func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []TablePrivileges,
+func Preflight(ctx context.Context, db dbx.DB, pkg string, notDurable error, schema string, tables []TablePrivileges,
 	want []pgsql.Column, funcs []string) error {
 	const op = "preflight"
 	if err := backendkit.CheckContext(op, ctx); err != nil {
@@ -108,7 +104,7 @@ func Preflight(ctx context.Context, db dbx.DB, pkg, schema string, tables []Tabl
 		return fmt.Errorf("%s: %s: %w: in an operating system crash or power failure the server could lose a token "+
 			"it acknowledged and hand it out again (two holders with one token), or a fence's floor could go back "+
 			"(a stale holder's write accepted); turn fsync on (ALTER SYSTEM SET fsync = on; SELECT pg_reload_conf())",
-			pkg, op, ErrNotDurable)
+			pkg, op, notDurable)
 	}
 	if !schemaExists {
 		return CheckSchema(ctx, db, pkg, schema, want, funcs)

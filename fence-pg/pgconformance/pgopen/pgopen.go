@@ -9,12 +9,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	_ "github.com/lib/pq" // registers database/sql driver "postgres"
 
 	fencepg "github.com/leasefence/leasefence/fence-pg"
 	"github.com/leasefence/leasefence/fence-pg/pgcontrol"
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // The driver names.
@@ -92,6 +94,94 @@ func (p Pool) Resource(opts ...fencepg.Option) (*fencepg.Resource, error) {
 		return fencepg.NewResource(p.Pgx, opts...)
 	}
 	return fencepg.NewResourceDB(p.SQL, opts...)
+}
+
+// Fence is a fence of either driver on one pool: exactly one of Pgx and
+// SQL is set, and FenceMethods is that one, for the methods both share.
+// RunTx, Commit, Seal and Install take the driver's own transaction: call
+// them on Pgx or SQL.
+type Fence struct {
+	Pgx *fencepg.Fence
+	SQL *fencepg.FenceDB
+	FenceMethods
+}
+
+// FenceMethods are the methods fencepg.Fence and fencepg.FenceDB share:
+// none takes a transaction.
+type FenceMethods interface {
+	Advance(ctx context.Context, c leasecore.Claim) (leasecore.Result, error)
+	Floor(ctx context.Context, scope string) (leasecore.Token, error)
+	Floors(ctx context.Context, limit int) ([]leasecore.ScopeFloor, error)
+	Attempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error)
+	RejectedAttempts(ctx context.Context, q leasecore.AttemptQuery) ([]leasecore.Attempt, error)
+	PruneAttempts(ctx context.Context, scope string, before time.Time) (int64, error)
+	Migrate(ctx context.Context) error
+	Preflight(ctx context.Context) error
+	CheckSchema(ctx context.Context) error
+}
+
+var (
+	_ FenceMethods = (*fencepg.Fence)(nil)
+	_ FenceMethods = (*fencepg.FenceDB)(nil)
+)
+
+// Fence returns the fence of the pool's driver: fencepg.NewFence or
+// fencepg.NewFenceDB.
+func (p Pool) Fence(opts ...fencepg.Option) (Fence, error) {
+	if p.Pgx != nil {
+		f, err := fencepg.NewFence(p.Pgx, opts...)
+		if err != nil {
+			return Fence{}, err
+		}
+		return Fence{Pgx: f, FenceMethods: f}, nil
+	}
+	f, err := fencepg.NewFenceDB(p.SQL, opts...)
+	if err != nil {
+		return Fence{}, err
+	}
+	return Fence{SQL: f, FenceMethods: f}, nil
+}
+
+// Outbox is an outbox of either driver on one pool: exactly one of Pgx
+// and SQL is set, and OutboxMethods is that one. Add takes the driver's
+// own transaction: call it on Pgx or SQL.
+type Outbox struct {
+	Pgx *fencepg.Outbox
+	SQL *fencepg.OutboxDB
+	OutboxMethods
+}
+
+// OutboxMethods are the methods fencepg.Outbox and fencepg.OutboxDB
+// share: all but Add.
+type OutboxMethods interface {
+	Relay(ctx context.Context, deliver func(context.Context, leasecore.OutboxEntry) error) (int, error)
+	Pending(ctx context.Context, limit int) ([]leasecore.OutboxEntry, error)
+	PruneDelivered(ctx context.Context, before time.Time) (int64, error)
+	Migrate(ctx context.Context) error
+	Preflight(ctx context.Context) error
+	CheckSchema(ctx context.Context) error
+}
+
+var (
+	_ OutboxMethods = (*fencepg.Outbox)(nil)
+	_ OutboxMethods = (*fencepg.OutboxDB)(nil)
+)
+
+// Outbox returns the outbox of the pool's driver: fencepg.NewOutbox or
+// fencepg.NewOutboxDB.
+func (p Pool) Outbox(opts ...fencepg.Option) (Outbox, error) {
+	if p.Pgx != nil {
+		o, err := fencepg.NewOutbox(p.Pgx, opts...)
+		if err != nil {
+			return Outbox{}, err
+		}
+		return Outbox{Pgx: o, OutboxMethods: o}, nil
+	}
+	o, err := fencepg.NewOutboxDB(p.SQL, opts...)
+	if err != nil {
+		return Outbox{}, err
+	}
+	return Outbox{SQL: o, OutboxMethods: o}, nil
 }
 
 // Controls returns pgcontrol.Controls on the pool.

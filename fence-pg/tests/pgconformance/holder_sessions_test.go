@@ -12,13 +12,13 @@ import (
 	"github.com/leasefence/leasefence/fence-pg/tests/internal/pgtest"
 )
 
-// TestHolderSessionsConfig: Config.HolderSessions names the configuration
+// TestSharedLeasesConfig: Config.SharedLeases names the configuration
 // "postgres/<driver>/holder-sessions", makes every lease store the harness
 // opens use holder sessions (a name it acquires hangs on a session row;
 // the long transaction's acquire works in the mode, F2 in the suite shows
 // its verdict; the holder processes are told to, their spec says so), and
 // needs no trait of its own: the same abilities are absent as without it.
-func TestHolderSessionsConfig(t *testing.T) {
+func TestSharedLeasesConfig(t *testing.T) {
 	ctx := context.Background()
 	base := pgconformance.Config{
 		Driver: pgconformance.DriverPgx, LeaseDSN: pgtest.CreateDB(t, "lease_hs"), ResourceDSN: pgtest.CreateDB(t, "res_hs"),
@@ -34,7 +34,7 @@ func TestHolderSessionsConfig(t *testing.T) {
 	}
 
 	cfg := base
-	cfg.HolderSessions = true
+	cfg.SharedLeases = true
 	h, err := pgconformance.New(cfg)(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +87,7 @@ func TestHolderSessionsConfig(t *testing.T) {
 			spec = v
 		}
 	}
-	if !strings.Contains(spec, `"holder_sessions":true`) {
-		t.Fatalf("holder spec %s: the holder process would not use holder sessions", spec)
+	if !strings.Contains(spec, `"shared_leases":true`) {
+		t.Fatalf("holder spec %s: the holder process would not use shared leases", spec)
 	}
 }

@@ -18,9 +18,9 @@ import (
 )
 
 // TestFenceTimeoutsBehindPgBouncer: the lock_timeout and
-// idle_in_transaction_session_timeout that RunTx and RunSQLTx set with
-// set_config(..., true) are transaction-local, so they work behind a
-// transaction pooler and do not leak to the next transaction on the same
+// idle_in_transaction_session_timeout that RunTx (Fence's and FenceDB's)
+// sets with set_config(..., true) are transaction-local, so they work
+// behind a transaction pooler and do not leak to the next transaction on the same
 // server connection (another client's, behind a pooler): inside the
 // transaction they hold the configured values, after it the server's; a
 // writer behind a held floor lock gives up after the lock timeout
@@ -51,7 +51,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 
 			// Inside the fenced transaction: the configured values.
 			var lock, idle string
-			res, err := runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, func(q querier) error {
+			res, err := runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, func(q querier) error {
 				return q.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle)
 			})
 			if err != nil || !res.Accepted {
@@ -80,7 +80,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 				t.Fatal(err)
 			}
 			t0 := time.Now()
-			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
+			_, err = runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
 			waited := time.Since(t0)
 			if err := tx.Rollback(ctx); err != nil {
 				t.Fatal(err)
@@ -98,7 +98,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			if _, err := pgtest.DB(pool).Exec(ctx, `CREATE TABLE IF NOT EXISTS public.idle_probe (k int PRIMARY KEY)`); err != nil {
 				t.Fatal(err)
 			}
-			_, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(q querier) error {
+			_, err = runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(q querier) error {
 				var k int
 				if err := q.QueryRow(ctx, `INSERT INTO public.idle_probe VALUES (1) RETURNING k`).Scan(&k); err != nil {
 					return err
@@ -118,7 +118,7 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 			if floor, err := fence.Floor(ctx, scope); err != nil || floor != 2 {
 				t.Fatalf("floor after the ended transaction: %d, %v, want 2 (raised before fn ran)", floor, err)
 			}
-			res, err = runTx(ctx, pool, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
+			res, err = runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-b", Token: 2}, func(querier) error { return nil })
 			if err != nil || !res.Accepted {
 				t.Fatalf("the next fenced transaction through the pooler: %+v, %v", res, err)
 			}
@@ -144,26 +144,17 @@ func (q sqlQuerier) QueryRow(ctx context.Context, s string, args ...any) interfa
 	return q.tx.QueryRowContext(ctx, s, args...)
 }
 
-// runTx is RunTx on a fence made on a pgx pool, RunSQLTx on one made on
-// database/sql.
-func runTx(ctx context.Context, p pgopen.Pool, f *fencepg.Fence, c leasecore.Claim, fn func(querier) error) (leasecore.Result, error) {
-	if p.Pgx != nil {
-		return f.RunTx(ctx, c, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
+// runTx is the RunTx of the fence of the pool's driver.
+func runTx(ctx context.Context, f pgopen.Fence, c leasecore.Claim, fn func(querier) error) (leasecore.Result, error) {
+	if f.Pgx != nil {
+		return f.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error { return fn(pgxQuerier{tx}) })
 	}
-	return f.RunSQLTx(ctx, c, func(tx *sql.Tx) error { return fn(sqlQuerier{tx}) })
+	return f.SQL.RunTx(ctx, c, func(tx *sql.Tx) error { return fn(sqlQuerier{tx}) })
 }
 
-func newFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) *fencepg.Fence {
+func newFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) pgopen.Fence {
 	t.Helper()
-	var (
-		f   *fencepg.Fence
-		err error
-	)
-	if p.Pgx != nil {
-		f, err = fencepg.NewFence(p.Pgx, opts...)
-	} else {
-		f, err = fencepg.NewFenceDB(p.SQL, opts...)
-	}
+	f, err := p.Fence(opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@
 //
 //	pg-per-lease   PostgreSQL (pgtemp), a lease row per name: a holder's
 //	               renewal is one RenewAll statement updating its N rows
-//	pg-sessions    PostgreSQL, fencepg.WithHolderSessions: a holder's names
+//	pg-sessions    PostgreSQL, fencepg.WithSharedLeases: a holder's names
 //	               hang on one session row, a renewal updates that row
 //	etcd-1         one etcd member (etcdtemp), fenceetcd.WithSharedLeases:
 //	               a renewal is one read transaction and one keep-alive

@@ -111,7 +111,7 @@ func startPGPhase(ctx context.Context, cfg config, sessions bool, say func(strin
 func (p *pgPhase) describe() string {
 	mode := "a lease row per name: a renewal is one RenewAll statement updating the holder's rows"
 	if p.sessions {
-		mode = "holder sessions (fencepg.WithHolderSessions): a renewal updates the holder's session row"
+		mode = "holder sessions (fencepg.WithSharedLeases): a renewal updates the holder's session row"
 	}
 	return fmt.Sprintf("PostgreSQL %s (pgtemp, pgx/v5), %s", p.cluster.Version(), mode)
 }

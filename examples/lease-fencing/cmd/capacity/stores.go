@@ -28,7 +28,7 @@ type leaseAPI interface {
 type backendConfig struct {
 	Backend   string   // "pg" or "etcd"
 	DSN       string   // pg
-	Sessions  bool     // pg: fencepg.WithHolderSessions
+	Sessions  bool     // pg: fencepg.WithSharedLeases
 	Endpoints []string // etcd; fenceetcd.WithSharedLeases always
 }
 

@@ -56,15 +56,15 @@ type config struct {
 // subcommand; main tells them apart by their environment.
 var holderArgs = []string{"holder"}
 
-func pgHarness(driver string, holderSessions bool) func(s servers) conformance.NewHarness {
+func pgHarness(driver string, shared bool) func(s servers) conformance.NewHarness {
 	return func(s servers) conformance.NewHarness {
 		return pgconformance.New(pgconformance.Config{
-			Driver:         driver,
-			LeaseDSN:       s.cluster.DSN(leaseDB),
-			ResourceDSN:    s.cluster.DSN(resourceDB),
-			HolderArgs:     holderArgs,
-			Cluster:        s.cluster, // F8 crashes it
-			HolderSessions: holderSessions,
+			Driver:       driver,
+			LeaseDSN:     s.cluster.DSN(leaseDB),
+			ResourceDSN:  s.cluster.DSN(resourceDB),
+			HolderArgs:   holderArgs,
+			Cluster:      s.cluster, // F8 crashes it
+			SharedLeases: shared,
 		})
 	}
 }
@@ -93,9 +93,9 @@ var allConfigs = []config{
 	{"pgx", "output-pg.txt", "PostgreSQL, lease and resource, pgx/v5", "postgres", true, false, true, pgHarness(pgconformance.DriverPgx, false)},
 	// lib/pq on a cluster of its own (a free port), side by side with pgx.
 	{"libpq", "output-pg-libpq.txt", "PostgreSQL, lease and resource, lib/pq (database/sql)", "postgres-libpq", true, false, false, pgHarness(pgconformance.DriverLibpq, false)},
-	// Holder sessions (fencepg.WithHolderSessions: a holder's names of one
+	// Holder sessions (fencepg.WithSharedLeases: a holder's names of one
 	// TTL on one session row, renewed by one UPDATE), on a cluster of its own.
-	{"pgx-sessions", "output-pg-sessions.txt", "PostgreSQL, lease and resource, pgx/v5, holder sessions (fencepg.WithHolderSessions)", "postgres-sessions", true, false, false, pgHarness(pgconformance.DriverPgx, true)},
+	{"pgx-sessions", "output-pg-sessions.txt", "PostgreSQL, lease and resource, pgx/v5, holder sessions (fencepg.WithSharedLeases)", "postgres-sessions", true, false, false, pgHarness(pgconformance.DriverPgx, true)},
 	{"etcd", "output-etcd.txt", "etcd, lease and resource (tokens are revisions)", "etcd", false, true, false, etcdHarness(false)},
 	// The shared-lease mode (fenceetcd.WithSharedLeases: one etcd lease per
 	// holder and TTL) has a lane and an etcd server of its own. Most of a
