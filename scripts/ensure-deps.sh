@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# ensure-deps.sh: make sure this machine has what the tests and the lab need,
-# installing it where we can. Called by `make test` and `make lab`.
+# ensure-deps.sh: make sure this machine has what the PostgreSQL-backed tests
+# and the lab need, installing it where we can. Called by `make test`,
+# `make test-pg`, `make lab`, `make bench`, `make capacity` and
+# `make torture`; `make check` and `make test-etcd` need Go only and do not
+# call it. Docker is scripts/ensure-docker.sh's, which only `make test` and
+# `make test-pg` run.
 #
 #   - Go 1.26 or newer (not installed here: see README).
 #   - PostgreSQL server binaries (initdb, postgres): installed with apt-get
@@ -128,4 +132,3 @@ else
   say "or set LEASEFENCE_PGBOUNCER to the pgbouncer program."
   exit 1
 fi
-"$(dirname "$0")/ensure-docker.sh" # Docker engine (no bridge network) and the local image for pgtemp's Docker provider tests
