@@ -1,5 +1,5 @@
 # The test tiers (CONTRIBUTING.md; scripts/test.sh runs them all).
-.PHONY: check test-pg test-etcd test lab bench deps docker
+.PHONY: check test-pg test-etcd test lab bench deps test-deps
 
 # gofmt, go vet of every module and every test that starts no server (the in-memory
 # conformance suite and the deterministic simulation among them). Needs Go only: installs
@@ -8,7 +8,7 @@ check:
 	@scripts/test.sh check
 
 # The tests that start PostgreSQL clusters (and PgBouncer, and pgtemp's Docker provider).
-test-pg: deps docker
+test-pg: test-deps
 	@scripts/test.sh pg
 
 # The tests that start etcd servers. etcd is built from Go modules: needs Go only.
@@ -16,7 +16,7 @@ test-etcd:
 	@scripts/test.sh etcd
 
 # Every test of every module, as CI runs it (.ci/run).
-test: deps docker
+test: test-deps
 	@scripts/test.sh all
 
 # The lab: the conformance cases F1-F18, X1 and X2 on every backend configuration,
@@ -48,13 +48,15 @@ torture: deps
 		-torture.control-evidence=../evidence/torture/controls -torture.report=../evidence/torture/latest.txt \
 		$(if $(SEED),-torture.seed=$(SEED))
 
-# PostgreSQL's binaries and PgBouncer (installed with apt-get when run as root).
+# PostgreSQL's binaries (installed with apt-get when run as root). No Docker.
 deps:
 	@scripts/ensure-deps.sh
 
-# A Docker engine and the image pgtemp's Docker provider is tested with (installed and
-# started when run as root; LEASEFENCE_SKIP_DOCKER=1 skips it). Only test and test-pg need it.
-docker: deps
+# What the PostgreSQL tests need besides: PgBouncer, a Docker engine and the image pgtemp's
+# Docker provider is tested with (installed and started when run as root;
+# LEASEFENCE_SKIP_DOCKER=1 skips Docker). Only test and test-pg run it.
+test-deps:
+	@scripts/ensure-deps.sh pgbouncer
 	@scripts/ensure-docker.sh
 
 # The flake hunt (scripts/flake-hunt.sh): each entry of scripts/flake-hunt.list (the tests whose
@@ -62,5 +64,6 @@ docker: deps
 # writes evidence/flakes/latest.txt and the failures' output under evidence/flakes/failures/.
 # Hours for the whole list; FLAKE_ARGS="-n 5" or FLAKE_ARGS="-only leasecore" for less.
 .PHONY: flake-hunt
-flake-hunt: deps
+flake-hunt:
+	@scripts/ensure-deps.sh pgbouncer
 	@scripts/flake-hunt.sh $(FLAKE_ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ensure-docker.sh: a Docker engine and the image that pgtemp's Docker provider is tested with
 # (fence-pg/tests/conformance_docker_test.go, fence-pg/pgtemp/docker_test.go). Called by
-# `make test` and `make test-pg` only (the Makefile's docker target), after scripts/ensure-deps.sh;
+# `make test` and `make test-pg` only (the Makefile's test-deps), after scripts/ensure-deps.sh;
 # `make check`, `make test-etcd` and `make lab` never install or start Docker. Safe to run again
 # (it only does what is missing).
 #
