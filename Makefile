@@ -1,11 +1,26 @@
-# The two commands of the README. Both install what they need first.
-.PHONY: test lab bench deps
+# The test tiers (CONTRIBUTING.md; scripts/test.sh runs them all).
+.PHONY: check test-pg test-etcd test lab bench deps test-deps
 
-# Every test of every module, against real PostgreSQL clusters started by the tests.
-test: deps
-	@scripts/test.sh
+# gofmt, go vet of every module and every test that starts no server (the in-memory
+# conformance suite and the deterministic simulation among them). Needs Go only: installs
+# nothing, starts no server, runs as any user.
+check:
+	@scripts/test.sh check
 
-# The lab: F1-F9 on every backend, evidence written to evidence/26/.
+# The tests that start PostgreSQL clusters (and PgBouncer, and pgtemp's Docker provider).
+test-pg: test-deps
+	@scripts/test.sh pg
+
+# The tests that start etcd servers. etcd is built from Go modules: needs Go only.
+test-etcd:
+	@scripts/test.sh etcd
+
+# Every test of every module, as CI runs it (.ci/run).
+test: test-deps
+	@scripts/test.sh all
+
+# The lab: the conformance cases F1-F18, X1 and X2 on every backend configuration,
+# evidence written to evidence/26/. Needs PostgreSQL's binaries, not Docker.
 lab: deps
 	@examples/lease-fencing/run.sh
 
@@ -33,13 +48,22 @@ torture: deps
 		-torture.control-evidence=../evidence/torture/controls -torture.report=../evidence/torture/latest.txt \
 		$(if $(SEED),-torture.seed=$(SEED))
 
+# PostgreSQL's binaries (installed with apt-get when run as root). No Docker.
 deps:
 	@scripts/ensure-deps.sh
+
+# What the PostgreSQL tests need besides: PgBouncer, a Docker engine and the image pgtemp's
+# Docker provider is tested with (installed and started when run as root;
+# LEASEFENCE_SKIP_DOCKER=1 skips Docker). Only test and test-pg run it.
+test-deps:
+	@scripts/ensure-deps.sh pgbouncer
+	@scripts/ensure-docker.sh
 
 # The flake hunt (scripts/flake-hunt.sh): each entry of scripts/flake-hunt.list (the tests whose
 # outcome depends on time, order or the scheduler) run 20 times under -race beside two CPU burners;
 # writes evidence/flakes/latest.txt and the failures' output under evidence/flakes/failures/.
 # Hours for the whole list; FLAKE_ARGS="-n 5" or FLAKE_ARGS="-only leasecore" for less.
 .PHONY: flake-hunt
-flake-hunt: deps
+flake-hunt:
+	@scripts/ensure-deps.sh pgbouncer
 	@scripts/flake-hunt.sh $(FLAKE_ARGS)

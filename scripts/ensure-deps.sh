@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
-# ensure-deps.sh: make sure this machine has what the tests and the lab need,
-# installing it where we can. Called by `make test` and `make lab`.
+# ensure-deps.sh: make sure this machine has what the PostgreSQL-backed tests
+# and the lab need, installing it where we can.
+#
+#   scripts/ensure-deps.sh            Go, PostgreSQL's binaries, the OS user
+#                                     (make lab, bench, capacity, torture)
+#   scripts/ensure-deps.sh pgbouncer  PgBouncer too (make test, make test-pg,
+#                                     make flake-hunt)
+#
+# `make check` and `make test-etcd` need Go only and do not call it. Docker is
+# scripts/ensure-docker.sh's, which only `make test` and `make test-pg` run.
 #
 #   - Go 1.26 or newer (not installed here: see README).
 #   - PostgreSQL server binaries (initdb, postgres): installed with apt-get
 #     when running as root on Debian/Ubuntu; otherwise we say what to install.
 #   - As root: an unprivileged OS user `postgres`, because PostgreSQL refuses
 #     to run as root.
-#   - PgBouncer (the pgbouncer program): the conformance suite also runs behind
-#     it in pool_mode=transaction (fence-pg/tests/internal/pgbouncertest starts its
-#     own process on a free 127.0.0.1 port). Installed with apt-get as root on
-#     Debian/Ubuntu, with the package's own service kept from starting;
-#     otherwise we say what to install.
+#   - With the argument pgbouncer, PgBouncer (the pgbouncer program): the
+#     conformance suite also runs behind it in pool_mode=transaction
+#     (fence-pg/tests/internal/pgbouncertest starts its own process on a free
+#     127.0.0.1 port). Installed with apt-get as root on Debian/Ubuntu, with
+#     the package's own service kept from starting; otherwise we say what to
+#     install.
 # etcd needs nothing here: it is built from Go modules (go.etcd.io/etcd/server/v3).
 set -euo pipefail
 
 say() { printf 'ensure-deps: %s\n' "$*" >&2; }
+
+want_pgbouncer=
+for arg in "$@"; do
+  case "$arg" in
+    pgbouncer) want_pgbouncer=1 ;;
+    *) say "unknown argument $arg (usage: scripts/ensure-deps.sh [pgbouncer])"; exit 2 ;;
+  esac
+done
 
 if ! command -v go >/dev/null 2>&1; then
   say "Go is not on PATH. Install Go 1.26 or newer (https://go.dev/dl/) and retry."
@@ -108,6 +125,9 @@ apt_install_no_service() {
   return "$rc"
 }
 
+if [ -z "$want_pgbouncer" ]; then
+  exit 0
+fi
 if [ -n "${LEASEFENCE_PGBOUNCER:-}" ] && [ ! -x "$LEASEFENCE_PGBOUNCER" ]; then
   say "LEASEFENCE_PGBOUNCER=$LEASEFENCE_PGBOUNCER is not an executable file: point it at the pgbouncer program, or unset it."
   exit 1
@@ -128,4 +148,3 @@ else
   say "or set LEASEFENCE_PGBOUNCER to the pgbouncer program."
   exit 1
 fi
-"$(dirname "$0")/ensure-docker.sh" # Docker engine (no bridge network) and the local image for pgtemp's Docker provider tests

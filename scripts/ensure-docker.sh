@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ensure-docker.sh: a Docker engine and the image that pgtemp's Docker provider is tested with
 # (fence-pg/tests/conformance_docker_test.go, fence-pg/pgtemp/docker_test.go). Called by
-# scripts/ensure-deps.sh, so by `make test` and `make lab`; safe to run again (it only does what
-# is missing).
+# `make test` and `make test-pg` only (the Makefile's test-deps), after scripts/ensure-deps.sh;
+# `make check`, `make test-etcd` and `make lab` never install or start Docker. Safe to run again
+# (it only does what is missing).
 #
 #   - An engine: if `docker info` answers (DOCKER_HOST or the local socket), that one is used.
 #     Otherwise, as root on Debian/Ubuntu, the docker.io package is installed (its packaged service

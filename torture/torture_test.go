@@ -45,6 +45,9 @@ func TestMain(m *testing.M) {
 // (no violation allowed), then the negative controls (each must be
 // caught), with the figures in the log.
 func TestTorture(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and etcd servers")
+	}
 	seed := *flagSeed
 	if seed == 0 {
 		seed = rand.Uint64N(1 << 53) // printable exactly as a JSON number too

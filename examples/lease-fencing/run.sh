@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # run.sh: the lab, from a fresh clone. Builds the lab command, which starts a
 # temporary PostgreSQL cluster on 127.0.0.1:55426, recreates lease26 and
-# res26, runs F1-F9 for every backend configuration, writes evidence/26/ and
-# stops everything it started (also on Ctrl-C or failure). Exits non-zero on
-# any failed check.
+# res26, runs the conformance cases F1-F18, X1 and X2 for every backend
+# configuration, writes evidence/26/ and stops everything it started (also
+# on Ctrl-C or failure). Exits non-zero on any failed check.
 #
-# `make lab` runs it after installing what is missing (scripts/ensure-deps.sh).
+# `make lab` runs it after installing what is missing (scripts/ensure-deps.sh:
+# PostgreSQL's binaries). The lab needs no Docker and installs none.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

@@ -22,6 +22,9 @@ func TestMain(m *testing.M) {
 // so the benchmark code cannot rot: every variant must run without error
 // and every ratio line must be printed. It checks no timing.
 func TestBenchRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and etcd servers")
+	}
 	if err := flag.Set("test.benchtime", "2x"); err != nil {
 		t.Fatal(err)
 	}
