@@ -88,6 +88,7 @@ func goBlocks(t *testing.T, path string) []goBlock {
 	defer f.Close()
 	var out []goBlock
 	var cur *goBlock
+	var indent string // of the opening fence: a block inside a list item is indented as a whole
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for n := 1; sc.Scan(); n++ {
@@ -95,11 +96,12 @@ func goBlocks(t *testing.T, path string) []goBlock {
 		switch {
 		case cur == nil && strings.TrimSpace(line) == "```go":
 			cur = &goBlock{line: n}
+			indent = line[:len(line)-len(strings.TrimLeft(line, " "))]
 		case cur != nil && strings.TrimSpace(line) == "```":
 			out = append(out, *cur)
 			cur = nil
 		case cur != nil:
-			cur.lines = append(cur.lines, line)
+			cur.lines = append(cur.lines, strings.TrimPrefix(line, indent))
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -183,5 +185,55 @@ func TestNoUnfollowableReferences(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDocsLinks: every relative link of the repository's Markdown names a
+// file or directory that exists, so a reader following the docs never
+// lands nowhere.
+func TestDocsLinks(t *testing.T) {
+	root := ".."
+	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
+		t.Skip("not in a checkout of the repository: no go.work one level up")
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	links := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "evidence") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if filepath.Ext(path) != ".md" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for i, line := range strings.Split(string(b), "\n") {
+			for _, m := range link.FindAllStringSubmatch(line, -1) {
+				target, _, _ := strings.Cut(m[1], "#")
+				if target == "" || strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				links++
+				if _, err := os.Stat(filepath.Join(filepath.Dir(path), target)); err != nil {
+					rel, _ := filepath.Rel(root, path)
+					t.Errorf("%s:%d: link to %s: %v", rel, i+1, m[1], err)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if links == 0 {
+		t.Fatal("no relative link found in the repository's Markdown: the walk is broken")
 	}
 }

@@ -55,7 +55,7 @@ server_pkgs=(
   "pg   examples/lease-fencing/cmd/report-job"
   "etcd fence-etcd/tests/..."
   "etcd fence-etcd/etcdtemp/..."
-  "both cli/..."
+  "both cli/tests/..."
   "both gomodtest/..."
   "both examples/lease-fencing/internal/mixed"
 )
