@@ -91,12 +91,19 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	ttl := c.ttl(pausedTTL)
 	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.scale(pausedRunning, pausedTTL)
 	c.Notef("resource=%s; ttl=%v renew=%v margin=%v; holders are separate OS processes", kind, ttl, renew, margin)
-	acquire := func(holder string) string {
-		return fmt.Sprintf("ACQUIRE %s %s %v %v %v", leaseName, holder, ttl, renew, margin)
+	// acquire is the holder's ACQUIRE command on n times the case's terms.
+	// B's part is to take over, write and show that the lease is B's. Its
+	// hold must outlast the round trips through its holder process between
+	// its acquire and its RENEW command (the write and a read of the floor
+	// among them), which a loaded machine stretches past one teaching TTL:
+	// B runs on four times A's terms. The check still fails for a backend
+	// that loses or refuses B's hold.
+	acquire := func(holder string, n time.Duration) string {
+		return fmt.Sprintf("ACQUIRE %s %s %v %v %v", leaseName, holder, n*ttl, n*renew, n*margin)
 	}
 
 	a := c.startHolder(hp, kind, "A")
-	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA)), 0)
+	tokA := c.acquiredLine("A acquires the lease", a.call(acquire(holderA, 1)), 0)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-a", tokA))
 	c.Equal(c.id, "A passes its local-deadline check and stops right before writing", "READY_TO_WRITE", verb(a.call("CHECK")))
 	if twoStep {
@@ -132,7 +139,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 
 	floorBefore := c.floor(reader, scope)
 	b := c.startHolder(hp, kind, "B")
-	tokB := c.acquiredLine("B acquires the expired lease with a larger token", b.call(acquire(holderB)), tokA)
+	tokB := c.acquiredLine("B acquires the expired lease with a larger token", b.call(acquire(holderB, 4)), tokA)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-b", tokB))
 	if twoStep {
 		prepare(b, "B", tokB)
