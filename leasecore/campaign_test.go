@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 const testPoll = 200 * time.Millisecond
@@ -350,7 +351,7 @@ func TestCampaignStopsOnPermanentErrors(t *testing.T) {
 		f := newFixture(false)
 		lead := func(context.Context, leasecore.Grant) error { return nil }
 		err := leasecore.Campaign(context.Background(), f.spy, "", "holder-a", lead)
-		wantArgError(t, err, "acquire", "name")
+		testcheck.WantArgError(t, err, "acquire", "name")
 		f.spy.acquires.Store(0)
 		for _, c := range []struct {
 			opt   leasecore.CampaignOption
@@ -361,9 +362,9 @@ func TestCampaignStopsOnPermanentErrors(t *testing.T) {
 			{leasecore.WithBackoff(time.Second, time.Millisecond), "backoff maximum"},
 			{leasecore.WithSessionOptions(leasecore.WithMargin(-1)), "margin"},
 		} {
-			wantArgError(t, leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a", lead, c.opt), "campaign", c.field)
+			testcheck.WantArgError(t, leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a", lead, c.opt), "campaign", c.field)
 		}
-		wantArgError(t, leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a", nil), "campaign", "lead")
+		testcheck.WantArgError(t, leasecore.Campaign(context.Background(), f.spy, "report-job", "holder-a", nil), "campaign", "lead")
 		if n := f.spy.acquires.Load(); n != 0 {
 			t.Errorf("Acquire called %d times for bad options", n)
 		}

@@ -10,36 +10,6 @@ import (
 	"github.com/leasefence/leasefence/leasecore/backendkit"
 )
 
-// wantArgError checks the contract every validation error keeps: it wraps
-// ErrInvalidArgument, is an *ArgError naming field (and op), and its message
-// names the field so a reader of the log knows what to fix.
-func wantArgError(t *testing.T, err error, op, field string) *leasecore.ArgError {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got nil error, want an *ArgError for field %q", field)
-	}
-	if !errors.Is(err, leasecore.ErrInvalidArgument) {
-		t.Errorf("errors.Is(%v, ErrInvalidArgument) = false, want true", err)
-	}
-	var ae *leasecore.ArgError
-	if !errors.As(err, &ae) {
-		t.Fatalf("errors.As(%v, *ArgError) = false, want true", err)
-	}
-	if ae.Field != field {
-		t.Errorf("ArgError.Field = %q, want %q (err: %v)", ae.Field, field, err)
-	}
-	if op != "" && ae.Op != op {
-		t.Errorf("ArgError.Op = %q, want %q (err: %v)", ae.Op, op, err)
-	}
-	if !strings.Contains(err.Error(), field) {
-		t.Errorf("message %q does not name the field %q", err.Error(), field)
-	}
-	if !strings.HasPrefix(err.Error(), "leasecore: ") {
-		t.Errorf("message %q lacks the package prefix", err.Error())
-	}
-	return ae
-}
-
 func TestArgErrorMessage(t *testing.T) {
 	e := &leasecore.ArgError{Op: "new session", Field: "lease", Reason: "must not be nil"}
 	if got, want := e.Error(), "leasecore: new session: invalid lease: must not be nil"; got != want {

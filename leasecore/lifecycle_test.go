@@ -3,7 +3,6 @@ package leasecore_test
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // sessionEvents collects a session's lifecycle events.
@@ -260,36 +260,6 @@ func TestSessionObserverAcquireFailed(t *testing.T) {
 	events.none(t)
 }
 
-// logRecords parses a JSON handler's output.
-func logRecords(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var recs []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		recs = append(recs, r)
-	}
-	return recs
-}
-
-// findRecord returns the record with message msg, failing when there is
-// none.
-func findRecord(t *testing.T, recs []map[string]any, msg string) map[string]any {
-	t.Helper()
-	for _, r := range recs {
-		if r["msg"] == msg {
-			return r
-		}
-	}
-	t.Fatalf("no log record %q in %v", msg, recs)
-	return nil
-}
-
 // WithLogger logs the lifecycle: acquired with its token, renewed late,
 // lost with its reason; an acquire refused as held only at debug level.
 func TestSessionLogger(t *testing.T) {
@@ -328,7 +298,7 @@ func TestSessionLogger(t *testing.T) {
 	events.next(t, leasecore.SessionEnded)
 	waitDone(t, s)
 
-	recs := logRecords(t, &buf)
+	recs := testcheck.LogRecords(t, &buf)
 	var msgs []string
 	for _, r := range recs {
 		msgs = append(msgs, fmt.Sprint(r["level"], " ", r["msg"]))
@@ -338,11 +308,11 @@ func TestSessionLogger(t *testing.T) {
 	if strings.Join(msgs, "|") != strings.Join(want, "|") {
 		t.Errorf("records %q, want %q (nothing at debug level: renewals on time, the refused acquire)", msgs, want)
 	}
-	acq := findRecord(t, recs, "lease acquired")
+	acq := testcheck.FindRecord(t, recs, "lease acquired")
 	if acq["lease"] != "report-job" || acq["holder"] != "holder-a" || acq["token"] != float64(1) {
 		t.Errorf("acquired record %v, want lease report-job, holder holder-a, token 1", acq)
 	}
-	lost := findRecord(t, recs, "lease lost")
+	lost := testcheck.FindRecord(t, recs, "lease lost")
 	if lost["reason"] != "lost" || lost["token"] != float64(1) || !strings.Contains(fmt.Sprint(lost["err"]), "expired") {
 		t.Errorf("lost record %v, want reason lost, token 1, the error saying expired", lost)
 	}
@@ -360,12 +330,12 @@ func TestSessionLogger(t *testing.T) {
 	if err := d.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	recs = logRecords(t, &buf)
-	findRecord(t, recs, "lease renewed")
-	if r := findRecord(t, recs, "lease held by another holder"); r["holder"] != "holder-d" {
+	recs = testcheck.LogRecords(t, &buf)
+	testcheck.FindRecord(t, recs, "lease renewed")
+	if r := testcheck.FindRecord(t, recs, "lease held by another holder"); r["holder"] != "holder-d" {
 		t.Errorf("held record %v, want holder-d", r)
 	}
-	if r := findRecord(t, recs, "lease released"); r["level"] != "INFO" || r["err"] != nil {
+	if r := testcheck.FindRecord(t, recs, "lease released"); r["level"] != "INFO" || r["err"] != nil {
 		t.Errorf("released record %v, want INFO without err", r)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // runJob is a job's work, run by Run in its own goroutine.
@@ -265,7 +266,7 @@ func TestRunBadInput(t *testing.T) {
 		{f.spy, "report-job", "holder-a", job, []leasecore.SessionOption{leasecore.WithMargin(-1)}, "margin"},
 		{f.spy, "report-job", "holder-a", job, []leasecore.SessionOption{leasecore.WithTTL(0)}, "ttl"},
 	} {
-		wantArgError(t, leasecore.Run(context.Background(), c.lease, c.name, c.holder, c.job, c.opts...), "run", c.field)
+		testcheck.WantArgError(t, leasecore.Run(context.Background(), c.lease, c.name, c.holder, c.job, c.opts...), "run", c.field)
 	}
 	if n := f.spy.acquires.Load(); n != 0 {
 		t.Errorf("Acquire called %d times for bad input", n)

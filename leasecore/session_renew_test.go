@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // One stuck renew request (a half-open connection: it returns only when
@@ -79,7 +80,7 @@ func TestSessionRenewTimeoutOption(t *testing.T) {
 
 	for _, d := range []time.Duration{0, -time.Second} {
 		_, err := leasecore.NewSession(context.Background(), f.spy, "other", "holder-a", f.options(leasecore.WithRenewTimeout(d))...)
-		wantArgError(t, err, "new session", "renew timeout")
+		testcheck.WantArgError(t, err, "new session", "renew timeout")
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 	"github.com/leasefence/leasefence/leasecore/memfence"
 )
 
@@ -827,7 +828,7 @@ func TestNewSessionRejectsBadOptions(t *testing.T) {
 				t.Errorf("NewSession returned a session with error %v", err)
 				s.Close(context.Background())
 			}
-			wantArgError(t, err, tc.op, tc.field)
+			testcheck.WantArgError(t, err, tc.op, tc.field)
 			if tc.op == "new session" && f.spy.acquires.Load() != 0 {
 				t.Errorf("Acquire called %d times for a bad option", f.spy.acquires.Load())
 			}
@@ -849,7 +850,7 @@ func TestNewSessionRejectsBadOptions(t *testing.T) {
 		if s != nil {
 			s.Close(context.Background())
 		}
-		wantArgError(t, err, "acquire", c.field)
+		testcheck.WantArgError(t, err, "acquire", c.field)
 		if st := f.inspect(t); st.Exists {
 			t.Errorf("server state %+v, want no lease", st)
 		}
@@ -863,7 +864,7 @@ func TestNewSessionRejectsBadOptions(t *testing.T) {
 	if s0 != nil {
 		s0.Close(context.Background())
 	}
-	wantArgError(t, err, "new session", "renew interval")
+	testcheck.WantArgError(t, err, "new session", "renew interval")
 	if n := f0.spy.acquires.Load(); n != 0 {
 		t.Errorf("Acquire called %d times for a bad option", n)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // batchSpy is spyLease with a backendkit.BatchAcquirer: AcquireAll acquires
@@ -105,7 +106,7 @@ func TestSessionSetAcquireAllBadInput(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tokens, errs, err := set.AcquireAll(context.Background(), tc.names)
-			wantArgError(t, err, "acquire all", tc.field)
+			testcheck.WantArgError(t, err, "acquire all", tc.field)
 			if tokens != nil || errs != nil {
 				t.Errorf("tokens %v, errs %v with a call error", tokens, errs)
 			}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 func TestCheckBatch(t *testing.T) {
@@ -103,7 +104,7 @@ func TestCheckAcquireAll(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := backendkit.CheckAcquireAll(ctx, tc.names, tc.holder, tc.ttl, time.Millisecond)
-			wantArgError(t, err, "acquire all", tc.field)
+			testcheck.WantArgError(t, err, "acquire all", tc.field)
 		})
 	}
 	if err := backendkit.CheckAcquireAll(ctx, shardNames(backendkit.MaxAcquireAll), "holder-a", time.Second, time.Millisecond); err != nil {

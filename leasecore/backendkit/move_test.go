@@ -8,6 +8,7 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // TestSealedFloorAboveEveryToken: the sealed floor is one above MaxToken, so
@@ -21,7 +22,7 @@ func TestSealedFloorAboveEveryToken(t *testing.T) {
 		t.Fatalf("SealedFloor = %d, want the largest signed 64-bit value (floors live in bigint columns)", leasecore.SealedFloor)
 	}
 	err := backendkit.CheckClaim(context.Background(), "check", leasecore.Claim{Scope: "s", Writer: "w", Token: leasecore.SealedFloor})
-	wantArgError(t, err, "check", "token")
+	testcheck.WantArgError(t, err, "check", "token")
 	if !strings.Contains(err.Error(), "sealed scope") {
 		t.Errorf("message %q does not say why the largest bigint is refused", err)
 	}

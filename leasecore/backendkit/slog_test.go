@@ -2,7 +2,6 @@ package backendkit_test
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
 
 // FenceLogger: a stale write at WARN with its token and the floor that
@@ -23,16 +23,16 @@ func TestFenceLogger(t *testing.T) {
 	log(leasecore.FenceEvent{Op: "run tx", Claim: c, Result: leasecore.Result{Floor: 5}})
 	spaceErr := backendkit.TokenSpaceMismatch("run tx", c, 900, "etcd:b")
 	log(leasecore.FenceEvent{Op: "run tx", Claim: c, Result: leasecore.Result{Floor: 900}, Err: spaceErr})
-	recs := logRecords(t, &buf)
+	recs := testcheck.LogRecords(t, &buf)
 	if len(recs) != 2 {
 		t.Fatalf("records %v, want 2 (the acceptance is debug)", recs)
 	}
-	stale := findRecord(t, recs, "stale write rejected")
+	stale := testcheck.FindRecord(t, recs, "stale write rejected")
 	if stale["level"] != "WARN" || stale["scope"] != "invoices" || stale["writer"] != "holder-a" ||
 		stale["token"] != float64(3) || stale["floor"] != float64(5) || stale["op"] != "run tx" || stale["err"] != nil {
 		t.Errorf("stale record %v", stale)
 	}
-	mix := findRecord(t, recs, "write rejected: token from another lease service")
+	mix := testcheck.FindRecord(t, recs, "write rejected: token from another lease service")
 	if mix["level"] != "ERROR" || mix["floor"] != float64(900) || mix["space"] != "postgres:a" ||
 		!strings.Contains(fmt.Sprint(mix["err"]), "etcd:b") {
 		t.Errorf("token-space record %v", mix)
@@ -40,34 +40,4 @@ func TestFenceLogger(t *testing.T) {
 	if backendkit.FenceLogger(nil) != nil {
 		t.Error("FenceLogger(nil) is not nil")
 	}
-}
-
-// logRecords parses a JSON handler's output.
-func logRecords(t *testing.T, buf *bytes.Buffer) []map[string]any {
-	t.Helper()
-	var recs []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		recs = append(recs, r)
-	}
-	return recs
-}
-
-// findRecord returns the record with message msg, failing when there is
-// none.
-func findRecord(t *testing.T, recs []map[string]any, msg string) map[string]any {
-	t.Helper()
-	for _, r := range recs {
-		if r["msg"] == msg {
-			return r
-		}
-	}
-	t.Fatalf("no log record %q in %v", msg, recs)
-	return nil
 }

@@ -14,37 +14,8 @@ import (
 
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
+	"github.com/leasefence/leasefence/leasecore/internal/testcheck"
 )
-
-// wantArgError checks the contract every validation error keeps: it wraps
-// ErrInvalidArgument, is an *ArgError naming field (and op), and its message
-// names the field so a reader of the log knows what to fix.
-func wantArgError(t *testing.T, err error, op, field string) *leasecore.ArgError {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("got nil error, want an *ArgError for field %q", field)
-	}
-	if !errors.Is(err, leasecore.ErrInvalidArgument) {
-		t.Errorf("errors.Is(%v, ErrInvalidArgument) = false, want true", err)
-	}
-	var ae *leasecore.ArgError
-	if !errors.As(err, &ae) {
-		t.Fatalf("errors.As(%v, *ArgError) = false, want true", err)
-	}
-	if ae.Field != field {
-		t.Errorf("ArgError.Field = %q, want %q (err: %v)", ae.Field, field, err)
-	}
-	if op != "" && ae.Op != op {
-		t.Errorf("ArgError.Op = %q, want %q (err: %v)", ae.Op, op, err)
-	}
-	if !strings.Contains(err.Error(), field) {
-		t.Errorf("message %q does not name the field %q", err.Error(), field)
-	}
-	if !strings.HasPrefix(err.Error(), "leasecore: ") {
-		t.Errorf("message %q lacks the package prefix", err.Error())
-	}
-	return ae
-}
 
 func TestCheckName(t *testing.T) {
 	tests := []struct {
@@ -93,7 +64,7 @@ func TestCheckName(t *testing.T) {
 				}
 				return
 			}
-			ae := wantArgError(t, err, "acquire", "holder")
+			ae := testcheck.WantArgError(t, err, "acquire", "holder")
 			if !strings.Contains(ae.Reason, tc.reason) {
 				t.Errorf("reason %q does not contain %q", ae.Reason, tc.reason)
 			}
@@ -103,7 +74,7 @@ func TestCheckName(t *testing.T) {
 
 func TestCheckNameUsesGivenField(t *testing.T) {
 	for _, field := range []string{"name", "holder", "scope", "part", "writer"} {
-		wantArgError(t, backendkit.CheckName("op-x", field, ""), "op-x", field)
+		testcheck.WantArgError(t, backendkit.CheckName("op-x", field, ""), "op-x", field)
 	}
 }
 
@@ -112,7 +83,7 @@ func TestCheckNameUsesGivenField(t *testing.T) {
 func TestArgErrorShortensLongValues(t *testing.T) {
 	long := strings.Repeat("x", 10_000)
 	err := backendkit.CheckName("acquire", "name", long)
-	wantArgError(t, err, "acquire", "name")
+	testcheck.WantArgError(t, err, "acquire", "name")
 	msg := err.Error()
 	if len(msg) > 200 {
 		t.Errorf("message is %d bytes, want it shortened: %q", len(msg), msg)
@@ -135,7 +106,7 @@ func TestArgErrorShortensLongValues(t *testing.T) {
 
 	content := strings.Repeat("c", backendkit.MaxContentLen+1)
 	err = backendkit.CheckContent("write", content)
-	wantArgError(t, err, "write", "content")
+	testcheck.WantArgError(t, err, "write", "content")
 	if len(err.Error()) > 300 {
 		t.Errorf("content message is %d bytes, want it shortened", len(err.Error()))
 	}
@@ -150,7 +121,7 @@ func TestCheckContentOversizedIsCheap(t *testing.T) {
 	runtime.ReadMemStats(&before)
 	err := backendkit.CheckContent("write", big)
 	runtime.ReadMemStats(&after)
-	wantArgError(t, err, "write", "content")
+	testcheck.WantArgError(t, err, "write", "content")
 	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
 		t.Errorf("rejecting 16 MiB of content allocated %d bytes, want under 1 MiB", n)
 	}
@@ -189,7 +160,7 @@ func TestCheckTTL(t *testing.T) {
 				}
 				return
 			}
-			ae := wantArgError(t, err, "acquire", "ttl")
+			ae := testcheck.WantArgError(t, err, "acquire", "ttl")
 			if !strings.Contains(ae.Reason, tc.reason) {
 				t.Errorf("reason %q does not contain %q", ae.Reason, tc.reason)
 			}
@@ -223,7 +194,7 @@ func TestCheckToken(t *testing.T) {
 				}
 				return
 			}
-			wantArgError(t, err, "write", "token")
+			testcheck.WantArgError(t, err, "write", "token")
 			if !strings.Contains(err.Error(), tc.tok.String()) {
 				t.Errorf("message %q does not show the value %d", err, tc.tok)
 			}
@@ -261,7 +232,7 @@ func TestCheckContent(t *testing.T) {
 				}
 				return
 			}
-			ae := wantArgError(t, err, "write", "content")
+			ae := testcheck.WantArgError(t, err, "write", "content")
 			if !strings.Contains(ae.Reason, tc.reason) {
 				t.Errorf("reason %q does not contain %q", ae.Reason, tc.reason)
 			}
@@ -296,7 +267,7 @@ func TestCheckWrite(t *testing.T) {
 	for _, tc := range tests {
 		w := goodWrite()
 		tc.edit(&w)
-		wantArgError(t, backendkit.CheckWrite(ctx, w), "write", tc.field)
+		testcheck.WantArgError(t, backendkit.CheckWrite(ctx, w), "write", tc.field)
 	}
 
 	// Empty content is a valid write (a report can be empty).
@@ -313,10 +284,10 @@ func TestCheckAcquire(t *testing.T) {
 	if err := backendkit.CheckAcquire(ctx, "report-job", "holder-a", time.Second, minTTL); err != nil {
 		t.Fatalf("CheckAcquire(good) = %v, want nil", err)
 	}
-	wantArgError(t, backendkit.CheckAcquire(ctx, "", "holder-a", time.Second, minTTL), "acquire", "name")
-	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a ", time.Second, minTTL), "acquire", "holder")
-	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", 0, minTTL), "acquire", "ttl")
-	wantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", minTTL/2, minTTL), "acquire", "ttl")
+	testcheck.WantArgError(t, backendkit.CheckAcquire(ctx, "", "holder-a", time.Second, minTTL), "acquire", "name")
+	testcheck.WantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a ", time.Second, minTTL), "acquire", "holder")
+	testcheck.WantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", 0, minTTL), "acquire", "ttl")
+	testcheck.WantArgError(t, backendkit.CheckAcquire(ctx, "report-job", "holder-a", minTTL/2, minTTL), "acquire", "ttl")
 }
 
 func TestCheckInspect(t *testing.T) {
@@ -324,8 +295,8 @@ func TestCheckInspect(t *testing.T) {
 	if err := backendkit.CheckInspect(ctx, "report-job"); err != nil {
 		t.Fatalf("CheckInspect(good) = %v, want nil", err)
 	}
-	wantArgError(t, backendkit.CheckInspect(ctx, ""), "inspect", "name")
-	wantArgError(t, backendkit.CheckInspect(ctx, "report-job\x00"), "inspect", "name")
+	testcheck.WantArgError(t, backendkit.CheckInspect(ctx, ""), "inspect", "name")
+	testcheck.WantArgError(t, backendkit.CheckInspect(ctx, "report-job\x00"), "inspect", "name")
 	done, cancel := context.WithCancel(ctx)
 	cancel()
 	if err := backendkit.CheckInspect(done, "report-job"); !errors.Is(err, context.Canceled) {
@@ -358,7 +329,7 @@ func TestCheckGrant(t *testing.T) {
 			g := goodGrant()
 			tc.edit(&g)
 			err := backendkit.CheckGrant(ctx, op, g, minTTL)
-			wantArgError(t, err, op, tc.field)
+			testcheck.WantArgError(t, err, op, tc.field)
 			if !strings.Contains(err.Error(), op) {
 				t.Errorf("message %q does not name the operation %q", err, op)
 			}
@@ -406,7 +377,7 @@ func TestCheckArgumentsBeforeContext(t *testing.T) {
 	cancel()
 	w := goodWrite()
 	w.Token = 0
-	wantArgError(t, backendkit.CheckWrite(ctx, w), "write", "token")
+	testcheck.WantArgError(t, backendkit.CheckWrite(ctx, w), "write", "token")
 }
 
 // TestCheckNameASCIIFastPath compares CheckName, whose printable-ASCII
