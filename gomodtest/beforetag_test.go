@@ -1,7 +1,6 @@
 package gomodtest
 
 import (
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -45,14 +44,7 @@ var beforeATag = []struct {
 // mod tidy; a listed module that is not in the consumer's graph fails the
 // test too, so each row is exactly what that user needs.
 func TestConsumersBeforeATag(t *testing.T) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed: %v", err)
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gobin, root := goAndRoot(t)
 	version := siblingVersion(t, workspaceModules(t, root))
 	env := append(consumerEnv(t, gobin, t.TempDir(), version),
 		"GOPRIVATE=github.com/leasefence", "GOVCS=github.com/leasefence:off")

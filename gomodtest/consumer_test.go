@@ -39,14 +39,7 @@ type repoModule struct {
 // generated from the working tree on every run, so what is checked is the
 // code under test, not a published copy.
 func TestConsumersWithoutReplace(t *testing.T) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed: %v", err)
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gobin, root := goAndRoot(t)
 	mods := workspaceModules(t, root)
 	version := siblingVersion(t, mods)
 	t.Logf("publishing %d modules at %s", len(mods), version)
@@ -616,3 +609,18 @@ func TestSuite(t *testing.T) {
 	}
 }
 `
+
+// goAndRoot returns the go command's path and the repository's root, one
+// level up, as an absolute path.
+func goAndRoot(t *testing.T) (gobin, root string) {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command is needed: %v", err)
+	}
+	root, err = filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return gobin, root
+}

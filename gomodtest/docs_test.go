@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -21,44 +22,22 @@ import (
 // file without the docs (or the other way round) fails here, naming the
 // block, so the docs cannot drift from the API.
 func TestDocsGoBlocks(t *testing.T) {
-	root := ".."
-	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
-		t.Skip("not in a checkout of the repository: no go.work one level up")
-	}
-	var docs []string
+	root := checkoutRoot(t)
+	docs := map[string][]byte{}      // Markdown file → its contents
 	sources := map[string][]string{} // Go file → its lines
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(name, ".") || name == "evidence" || name == "testdata" || name == "vendor") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		switch filepath.Ext(name) {
+	walkRepo(t, root, func(path string, b []byte) {
+		switch filepath.Ext(path) {
 		case ".md":
-			docs = append(docs, path)
+			docs[path] = b
 		case ".go":
-			b, err := os.ReadFile(path)
-			if err != nil {
-				return err
+			if !bytes.Contains(b, []byte("//go:build ignore")) { // else never compiled
+				sources[path] = strings.Split(string(b), "\n")
 			}
-			if bytes.Contains(b, []byte("//go:build ignore")) {
-				return nil // never compiled
-			}
-			sources[path] = strings.Split(string(b), "\n")
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, "testdata", "vendor")
 	blocks := 0
-	for _, doc := range docs {
-		for _, b := range goBlocks(t, doc) {
+	for doc, md := range docs {
+		for _, b := range goBlocks(t, doc, md) {
 			blocks++
 			if !foundIn(b.lines, sources) {
 				rel, _ := filepath.Rel(root, doc)
@@ -70,7 +49,7 @@ func TestDocsGoBlocks(t *testing.T) {
 	if blocks == 0 {
 		t.Fatal("no ```go block found in the repository's Markdown: the walk is broken")
 	}
-	t.Logf("%d Go blocks in %d Markdown files, each found in a compiled Go file", blocks, len(docs))
+	t.Logf("%d Go blocks in %d Markdown files, each checked against the compiled Go files", blocks, len(docs))
 }
 
 type goBlock struct {
@@ -78,18 +57,13 @@ type goBlock struct {
 	lines []string
 }
 
-// goBlocks returns the ```go blocks of the Markdown file at path.
-func goBlocks(t *testing.T, path string) []goBlock {
+// goBlocks returns the ```go blocks of md, the Markdown file at path.
+func goBlocks(t *testing.T, path string, md []byte) []goBlock {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
 	var out []goBlock
 	var cur *goBlock
 	var indent string // of the opening fence: a block inside a list item is indented as a whole
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(bytes.NewReader(md))
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
@@ -151,29 +125,12 @@ func foundIn(block []string, sources map[string][]string) bool {
 // never a tracker's issue number or a design file the repository does not
 // have. evidence/ holds recorded output and is left as it was recorded.
 func TestNoUnfollowableReferences(t *testing.T) {
-	root := ".."
-	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
-		t.Skip("not in a checkout of the repository: no go.work one level up")
-	}
 	// Built from pieces so that this file does not match itself.
 	bad := regexp.MustCompile(`(?i)issue [0-9]|` + "SP" + `EC F`)
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(name, ".") || name == "evidence") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if ext := filepath.Ext(name); ext != ".go" && ext != ".md" && name != "Makefile" {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
+	root := checkoutRoot(t)
+	walkRepo(t, root, func(path string, b []byte) {
+		if ext := filepath.Ext(path); ext != ".go" && ext != ".md" && filepath.Base(path) != "Makefile" {
+			return
 		}
 		for i, line := range strings.Split(string(b), "\n") {
 			if bad.MatchString(line) {
@@ -181,39 +138,19 @@ func TestNoUnfollowableReferences(t *testing.T) {
 				t.Errorf("%s:%d: %q: cite the behaviour, a conformance case, a docs page or a SOURCES.md entry instead", rel, i+1, strings.TrimSpace(line))
 			}
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestDocsLinks: every relative link of the repository's Markdown names a
 // file or directory that exists, so a reader following the docs never
 // lands nowhere.
 func TestDocsLinks(t *testing.T) {
-	root := ".."
-	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
-		t.Skip("not in a checkout of the repository: no go.work one level up")
-	}
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	links := 0
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "evidence") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	root := checkoutRoot(t)
+	walkRepo(t, root, func(path string, b []byte) {
 		if filepath.Ext(path) != ".md" {
-			return nil
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return err
+			return
 		}
 		for i, line := range strings.Split(string(b), "\n") {
 			for _, m := range link.FindAllStringSubmatch(line, -1) {
@@ -228,12 +165,51 @@ func TestDocsLinks(t *testing.T) {
 				}
 			}
 		}
+	})
+	if links == 0 {
+		t.Fatal("no relative link found in the repository's Markdown: the walk is broken")
+	}
+}
+
+// checkoutRoot returns the repository's root, one level up, and skips
+// the test outside a checkout of it.
+func checkoutRoot(t *testing.T) string {
+	t.Helper()
+	root := ".."
+	if _, err := os.Stat(filepath.Join(root, "go.work")); errors.Is(err, fs.ErrNotExist) {
+		t.Skip("not in a checkout of the repository: no go.work one level up")
+	}
+	return root
+}
+
+// walkRepo calls visit with the path and contents of every Markdown and
+// Go file and every Makefile under root, leaving out hidden directories,
+// evidence/ (recorded output, left as it was recorded) and the directories
+// named in skip.
+func walkRepo(t *testing.T, root string, visit func(path string, contents []byte), skip ...string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "evidence" || slices.Contains(skip, name)) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if ext := filepath.Ext(name); ext != ".md" && ext != ".go" && name != "Makefile" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		visit(path, b)
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if links == 0 {
-		t.Fatal("no relative link found in the repository's Markdown: the walk is broken")
 	}
 }

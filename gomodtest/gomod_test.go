@@ -68,14 +68,7 @@ func TestSiblingReplaces(t *testing.T) {
 // module testing it pulled v5.13.0) promises a version no test ran
 // against. Raise the declaration to the tested version.
 func TestDeclaredVersionsAreTested(t *testing.T) {
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go command is needed: %v", err)
-	}
-	root, err := filepath.Abs("..")
-	if err != nil {
-		t.Fatal(err)
-	}
+	gobin, root := goAndRoot(t)
 	mods := workspaceModules(t, root)
 	cmd := exec.Command(gobin, "list", "-m", "-f", "{{.Path}} {{.Version}}", "all")
 	cmd.Dir = root
