@@ -38,9 +38,18 @@ func caseF12(ctx context.Context, c *caseRun, h Harness) {
 	gran := c.traits.TTLGranularity
 	bound := ttl + renew + poll + gran + handoffSlack
 
+	// A's renew attempts may run until its local deadline (ttl - margin)
+	// instead of the default renew interval: the case is about a leader
+	// that is frozen, not one whose renewals are slow. With the default, a
+	// loaded machine's commit slower than the renew interval cancels the
+	// attempt, the next one must open a new connection first, and two
+	// such attempts in a row ended A's lead before the freeze (the Docker
+	// provider beside two CPU burners: 400 ms twice). A slow renewal that
+	// never answers still ends A's lead at its local deadline.
+	aRenewTimeout := ttl - margin
 	a := c.startHolder(hp, KindFenced, "A")
 	aTerm1 := c.leadingLine("A's campaign is elected",
-		a.call(fmt.Sprintf("CAMPAIGN %s %s %v %v %v", leaseName, holderA, ttl, renew, margin)))
+		a.call(fmt.Sprintf("CAMPAIGN %s %s %v %v %v %v", leaseName, holderA, ttl, renew, margin, aRenewTimeout)))
 	c.FirstToken("A, campaigning alone, leads with the lease's first token", aTerm1.token)
 	c.record("lease", fmt.Sprintf("token %d issued to holder-a", aTerm1.token))
 
@@ -57,8 +66,8 @@ func caseF12(ctx context.Context, c *caseRun, h Harness) {
 		cp := g.start(ctx, lease, fmt.Sprintf("campaigner-%d", i+1), polls, opts...)
 		waiting = append(waiting, cp.holder+": "+cp.waiting)
 	}
-	c.Notef("A is a separate OS process running leasecore.Campaign; in-process campaigners wait (%s); ttl=%v renew=%v margin=%v poll=%v",
-		strings.Join(waiting, "; "), ttl, renew, margin, poll)
+	c.Notef("A is a separate OS process running leasecore.Campaign; in-process campaigners wait (%s); ttl=%v renew=%v margin=%v poll=%v; A's renew attempt timeout %v",
+		strings.Join(waiting, "; "), ttl, renew, margin, poll, aRenewTimeout)
 
 	if !g.quiet("I1", fmt.Sprintf("while A leads and renews, no waiter is elected (waited %v, ttl %v)", running, ttl), running) {
 		panic(abortCase{}) // with two leaders already, the hand-off proves nothing

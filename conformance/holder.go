@@ -328,15 +328,19 @@ func (h *holderProcess) campaign(ctx context.Context, f []string) error {
 	if h.sess != nil || h.camp != nil {
 		return errors.New("already holding a session or campaigning")
 	}
-	if len(f) != 5 {
-		return errors.New("want: CAMPAIGN <name> <holder> <ttl> <renew-interval> <margin>")
+	if len(f) != 5 && len(f) != 6 {
+		return errors.New("want: CAMPAIGN <name> <holder> <ttl> <renew-interval> <margin> [<renew-timeout>]")
 	}
-	var d [3]time.Duration
+	var d [4]time.Duration
 	for i, s := range f[2:] {
 		var err error
 		if d[i], err = time.ParseDuration(s); err != nil {
 			return err
 		}
+	}
+	sessOpts := []leasecore.SessionOption{leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2])}
+	if len(f) == 6 {
+		sessOpts = append(sessOpts, leasecore.WithRenewTimeout(d[3]))
 	}
 	n, lease := wrapNet(h.lease)
 	cctx, cancel := context.WithCancel(ctx)
@@ -347,8 +351,7 @@ func (h *holderProcess) campaign(ctx context.Context, f []string) error {
 	go func() {
 		defer close(hc.done)
 		hc.err = leasecore.Campaign(cctx, lease, f[0], f[1], hc.lead,
-			leasecore.WithSessionOptions(leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2]),
-				leasecore.WithRenewObserver(hc.renewed)))
+			leasecore.WithSessionOptions(append(sessOpts, leasecore.WithRenewObserver(hc.renewed))...))
 	}()
 	return hc.do(ctx, "AWAIT_LEADING")
 }
