@@ -17,7 +17,7 @@ import (
 // fails when a block and its source differ.
 
 // etcdQuickStart is docs/fencing-etcd.md's quick start.
-func etcdQuickStart(ctx context.Context, hostname, invoice string) error {
+func etcdQuickStart(ctx context.Context, instance, invoice string) error {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}, DialTimeout: 5 * time.Second})
 	if err != nil {
 		return err
@@ -32,7 +32,7 @@ func etcdQuickStart(ctx context.Context, hostname, invoice string) error {
 	if err != nil {
 		return err
 	}
-	err = leasecore.Run(ctx, leases, "nightly-billing", hostname, func(ctx context.Context, g leasecore.Grant) error {
+	err = leasecore.Run(ctx, leases, "nightly-billing", instance, func(ctx context.Context, g leasecore.Grant) error {
 		res, _, err := fence.Commit(ctx, g.Claim("billing"), fenceetcd.Txn{
 			Then: []clientv3.Op{clientv3.OpPut("/billing/invoice/2026-06-01/42", invoice)},
 		})

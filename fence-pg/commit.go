@@ -302,9 +302,10 @@ func (f *fenceCore) accepted(op string, c leasecore.Claim) leasecore.Result {
 // given a *sql.Tx. BEGIN, the early read and (with a lock timeout) its
 // setting are one round trip each; at the end the comparison and COMMIT
 // are two, since database/sql cannot pipeline them: the comparison's share
-// lock of the floor row is held for the one round trip between them, and
-// a holder frozen exactly there is ended by the idle-in-transaction
-// timeout like one frozen inside fn.
+// lock of the floor row is held for the one round trip between them. A
+// holder frozen there makes a newer holder's Advance (and fenced writes)
+// wait until it wakes or the idle-in-transaction timeout ends its session;
+// in a loop of small transactions a random pause lands there often.
 func (f *FenceDB) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.Tx) error) (leasecore.Result, error) {
 	const op = "run tx"
 	if err := f.checkRun(ctx, op, c, fn == nil); err != nil {

@@ -19,7 +19,7 @@ import (
 // TestDocsGoBlocks fails when a block and its source differ.
 
 // quickStart is README.md's quick start.
-func quickStart(ctx context.Context, hostname string, day time.Time, customer string, amount int64) error {
+func quickStart(ctx context.Context, instance string, day time.Time, customer string, amount int64) error {
 	pool, err := pgxpool.New(ctx, "postgres://app@db/app")
 	if err != nil {
 		return err
@@ -29,7 +29,7 @@ func quickStart(ctx context.Context, hostname string, day time.Time, customer st
 	if err := errors.Join(err1, err2); err != nil {
 		return err
 	}
-	err = leasecore.Run(ctx, leases, "nightly-invoices", hostname, func(ctx context.Context, g leasecore.Grant) error {
+	err = leasecore.Run(ctx, leases, "nightly-invoices", instance, func(ctx context.Context, g leasecore.Grant) error {
 		res, err := fence.RunTx(ctx, g.Claim("invoices"), func(tx pgx.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO invoice (day, customer, amount) VALUES ($1, $2, $3)`, day, customer, amount)
 			return err
@@ -46,17 +46,17 @@ func quickStart(ctx context.Context, hostname string, day time.Time, customer st
 }
 
 // leaderLoop is the leader loop of README.md and docs/leader-election.md.
-func leaderLoop(ctx context.Context, leases *fencepg.LeaseStore, fence *fencepg.Fence, hostname string,
+func leaderLoop(ctx context.Context, leases *fencepg.LeaseStore, fence *fencepg.Fence, instance string,
 	writeNextBatch func(pgx.Tx) error) error {
-	err := leasecore.Campaign(ctx, leases, "invoice-leader", hostname,
+	err := leasecore.Campaign(ctx, leases, "invoice-leader", instance,
 		func(ctx context.Context, g leasecore.Grant) error { // ctx ends at the local deadline or on loss
 			for ctx.Err() == nil {
-				res, err := fence.RunTx(ctx, g.Claim("invoices"), writeNextBatch)
+				res, err := fence.RunTx(ctx, g.Claim("invoice-batches"), writeNextBatch) // waits for work
 				if err != nil {
 					return err // while leading: Campaign releases and returns err
 				}
 				if !res.Accepted {
-					<-ctx.Done() // a newer holder wrote; the session ends at its next renewal
+					<-ctx.Done() // a newer holder of this lease wrote: ours ends at its next renewal
 				}
 			}
 			return context.Cause(ctx) // lost or past the local deadline: Campaign campaigns again

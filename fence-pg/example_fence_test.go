@@ -47,31 +47,33 @@ func ExampleFence_RunTx() {
 	} else if err != nil {
 		log.Fatal(err)
 	}
-	defer sess.Close(context.WithoutCancel(ctx))
+	defer sess.Close(context.WithoutCancel(ctx)) // releases the lease: from here on return, never log.Fatal
 	// Scope, writer (the holder), token and the token's space: with the
 	// space, a write rejected because the scope is fenced by another lease
 	// service fails with leasecore.ErrTokenSpace instead of looking stale.
 	claim := sess.Claim("invoices")
+	// Ends at the session's local deadline or on loss: a holder whose hold
+	// ended, or that runs past it, commits nothing and frees its row locks.
+	jobCtx := sess.Context()
 
 	// Cut off any older holder at once, before this one has written anything.
-	if res, err := fence.Advance(ctx, claim); err != nil {
-		log.Fatal(err)
-	} else if !res.Accepted {
-		return // a newer holder (token res.Floor) already took over
+	if res, err := fence.Advance(jobCtx, claim); err != nil || !res.Accepted {
+		log.Printf("advance: %v (accepted=%t floor=%d)", err, res.Accepted, res.Floor) // an error, or a newer holder took over
+		return
 	}
 
 	total := 1234 // the long computation; a pause can happen anywhere in here
-	res, err := fence.RunTx(ctx, claim, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO job_run (day, total) VALUES (current_date, $1)`, total); err != nil {
+	res, err := fence.RunTx(jobCtx, claim, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(jobCtx, `INSERT INTO job_run (day, total) VALUES (current_date, $1)`, total); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO invoice (day, customer, amount) VALUES (current_date, 'acme', $1)`, total)
+		_, err := tx.Exec(jobCtx, `INSERT INTO invoice (day, customer, amount) VALUES (current_date, 'acme', $1)`, total)
 		return err
 	})
-	if err != nil {
-		log.Fatal(err) // nothing was committed
-	}
-	if !res.Accepted {
+	switch {
+	case err != nil:
+		log.Print(err) // RunTx's doc says when the outcome is unknown (an error during COMMIT)
+	case !res.Accepted:
 		log.Printf("a newer holder (token %d) took over: nothing of ours was written", res.Floor)
 	}
 }

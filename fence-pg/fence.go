@@ -26,12 +26,17 @@ import (
 // promise: a fenced transaction commits only if, when it commits, no token
 // larger than its claim's has been accepted or advanced for its scope
 // (I3), and a stale holder's transaction is rejected whole. The comparison
-// is the last statement before COMMIT, so a newer holder's Advance or
-// write never waits on the fence for an older holder's open transaction,
-// however long that holder is frozen or slow inside it (it may still wait
-// on row locks of the caller's own tables, which the idle-in-transaction
-// timeout bounds). The caller's tables and the fence's tables
-// (fence_floor, write_attempt) must be in the same database.
+// is the last statement before COMMIT, sent in COMMIT's round trip, so a
+// newer holder's Advance or write never waits on the fence for an older
+// holder's open transaction, however long that holder is frozen or slow
+// inside it (it may still wait on row locks of the caller's own tables,
+// which the idle-in-transaction timeout bounds while the holder is frozen
+// and the context given to RunTx while it is slow). FenceDB keeps the
+// first half only: database/sql sends the comparison and COMMIT as two
+// round trips, and a holder frozen between them makes a newer holder's
+// Advance wait, up to the idle-in-transaction timeout. The caller's tables
+// and the fence's tables (fence_floor, write_attempt) must be in the same
+// database.
 //
 // Four ways to use it, from the least control to the most:
 //

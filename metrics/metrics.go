@@ -9,10 +9,10 @@
 //
 //	reg := prometheus.NewRegistry()         // or prometheus.DefaultRegisterer, deliberately
 //	m, err := leasefencemetrics.New(reg)
-//	sess, err := leasecore.NewSession(ctx, leases, "nightly-invoices", hostname,
+//	sess, err := leasecore.NewSession(ctx, leases, "nightly-invoices", instance,
 //		leasecore.WithSessionObserver(m.ObserveSession))
 //	fence, err := fencepg.NewFence(appPool, fencepg.WithFenceObserver(m.ObserveFence))
-//	err = leasecore.Campaign(ctx, leases, "invoice-leader", hostname, lead,
+//	err = leasecore.Campaign(ctx, leases, "invoice-leader", instance, lead,
 //		leasecore.WithCampaignObserver(m.ObserveCampaign),
 //		leasecore.WithSessionOptions(leasecore.WithSessionObserver(m.ObserveSession)))
 //

@@ -17,7 +17,7 @@ import (
 
 // observed is docs/operating.md's wiring of the collectors and the logs;
 // gomodtest's TestDocsGoBlocks keeps the page's block equal to its body.
-func observed(ctx context.Context, appPool *pgxpool.Pool, leases leasecore.Lease, hostname string) error {
+func observed(ctx context.Context, appPool *pgxpool.Pool, leases leasecore.Lease, instance string) error {
 	reg := prometheus.NewRegistry() // your registry; prometheus.DefaultRegisterer only if you mean it
 	m, err := leasefencemetrics.New(reg)
 	if err != nil {
@@ -31,7 +31,7 @@ func observed(ctx context.Context, appPool *pgxpool.Pool, leases leasecore.Lease
 	if err != nil {
 		return err
 	}
-	sess, err := leasecore.NewSession(ctx, leases, "nightly-invoices", hostname,
+	sess, err := leasecore.NewSession(ctx, leases, "nightly-invoices", instance,
 		leasecore.WithTTL(15*time.Second),
 		leasecore.WithSessionObserver(m.ObserveSession), // acquires, renewals, losses, time left
 		leasecore.WithLogger(logger))                    // acquired, renewed late, lost with reason
