@@ -245,25 +245,31 @@ func (h *holderProcess) acquire(ctx context.Context, f []string) error {
 	if h.sess != nil || h.camp != nil {
 		return errors.New("already holding a session or campaigning")
 	}
-	if len(f) != 5 {
-		return errors.New("want: ACQUIRE <name> <holder> <ttl> <renew-interval> <margin>")
+	if len(f) != 5 && len(f) != 6 {
+		return errors.New("want: ACQUIRE <name> <holder> <ttl> <renew-interval> <margin> [<renew-timeout>]")
 	}
-	var d [3]time.Duration
+	var d [4]time.Duration
 	for i, s := range f[2:] {
 		var err error
 		if d[i], err = time.ParseDuration(s); err != nil {
 			return err
 		}
 	}
-	s, err := leasecore.NewSession(ctx, h.lease, f[0], f[1],
-		leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2]),
+	opts := []leasecore.SessionOption{leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2]),
 		leasecore.WithRenewObserver(func(ev leasecore.RenewEvent) {
 			if ev.Err != nil {
 				h.say("EVENT RENEWED ok=false %v", ev.Err)
 				return
 			}
-			h.say("EVENT RENEWED ok=true token=%d", ev.Grant.Token)
-		}))
+			// start: the wall clock when the renewal was sent, for the
+			// parent to freeze this process before the next one
+			// (freezeBetweenRenewals).
+			h.say("EVENT RENEWED ok=true token=%d start=%d", ev.Grant.Token, ev.Start.UnixNano())
+		})}
+	if len(f) == 6 {
+		opts = append(opts, leasecore.WithRenewTimeout(d[3]))
+	}
+	s, err := leasecore.NewSession(ctx, h.lease, f[0], f[1], opts...)
 	if errors.Is(err, leasecore.ErrHeld) {
 		h.say("NOT_ACQUIRED %v", err)
 		return nil
