@@ -49,7 +49,9 @@ func run(ctx context.Context, cfg config) (err error) {
 	fmt.Fprintf(w, "# %d rounds after a warm-up; each round measures every ratio's two variants together: single-client ones alternate\n", cfg.rounds)
 	fmt.Fprintf(w, "# op by op in one harness run, concurrent ones run back to back; pairs in a new random order each round\n")
 	fmt.Fprintf(w, "# table: median, min, max over all runs of a variant (a baseline runs once per ratio), allocations per call (a batch, a RenewAll) from the warm-up;\n")
-	fmt.Fprintf(w, "# RATIO: median over rounds of the ratio measured within the round (two variants of this run, never of two runs)\n\n")
+	fmt.Fprintf(w, "# RATIO: median over rounds of the ratio measured within the round (two variants of this run, never of two runs);\n")
+	fmt.Fprintf(w, "# the N-client ratios compare throughput (above 1: the fenced side is faster), but every ratio to a limit variant (the unfenced\n")
+	fmt.Fprintf(w, "# write plus one statement, for etcd one compare, in the same round trip and transaction) compares time per write: above 1, the fence costs more\n\n")
 
 	smp, err := newSampler(ctx, say, cfg.rounds, variants)
 	if err != nil {

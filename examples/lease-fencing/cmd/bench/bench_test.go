@@ -48,6 +48,12 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO etcd_guarded_txn/etcd_put ",
 		"RATIO etcd_fenced_write/etcd_put ",
 		"RATIO etcd_acquire_release/etcd_mutex_lock_unlock ",
+		"RATIO fenced_write/fenced_write_limit ",
+		"RATIO user_tx_fenced/user_tx_limit ",
+		"RATIO pipeline_fenced/pipeline_limit ",
+		"RATIO fenced_8_scopes_8_clients/limit_8_scopes_8_clients ",
+		"RATIO etcd_fenced_write/etcd_limit ",
+		"compares time per write: above 1, the fence costs more",
 		"RATIO handoff_p50_etcd_campaign/etcd_election ",
 		"RATIO handoff_p50_etcd_campaign_shared/etcd_election ",
 		"RATIO handoff_p50_pg_campaign/poll_2s ",
@@ -87,6 +93,52 @@ func TestBenchRuns(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "RATIO handoff_p99") {
 		t.Errorf("a handoff p99 is printed as a RATIO line:\n%s", out.String())
+	}
+	// Every limit variant has a row in the table (name, median, min, max,
+	// runs, allocs, bytes), measured in the one round.
+	for _, name := range []string{"fenced_write_limit", "user_tx_limit", "pipeline_limit", "limit_8_scopes_8_clients", "etcd_limit"} {
+		found := false
+		for line := range strings.Lines(out.String()) {
+			if f := strings.Fields(line); len(f) == 7 && f[0] == name && f[4] == "1" {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no table row %s with 1 run:\n%s", name, out.String())
+		}
+	}
+}
+
+// TestLimitRatios: every fenced path's limit ratio puts the fenced variant
+// over its limit variant, the 8-client one too (time per write, not
+// throughput), and every limit variant is in exactly one ratio, so it is
+// measured in the rounds of its fenced variant only.
+func TestLimitRatios(t *testing.T) {
+	want := map[string]string{
+		"fenced_write":              "fenced_write_limit",
+		"user_tx_fenced":            "user_tx_limit",
+		"pipeline_fenced":           "pipeline_limit",
+		"fenced_8_scopes_8_clients": "limit_8_scopes_8_clients",
+		"etcd_fenced_write":         "etcd_limit",
+	}
+	uses := map[string]int{}
+	for _, r := range ratios {
+		uses[r.num]++
+		uses[r.den]++
+		if den, ok := want[r.num]; ok && r.den == den {
+			if r.name != r.num+"/"+r.den || r.info {
+				t.Errorf("ratio %+v: want name %s/%s, a RATIO line", r, r.num, r.den)
+			}
+			delete(want, r.num)
+		}
+	}
+	for num, den := range want {
+		t.Errorf("no ratio %s/%s with %s as num", num, den, num)
+	}
+	for _, den := range []string{"fenced_write_limit", "user_tx_limit", "pipeline_limit", "limit_8_scopes_8_clients", "etcd_limit"} {
+		if uses[den] != 1 {
+			t.Errorf("%s is in %d ratios, want 1", den, uses[den])
+		}
 	}
 }
 

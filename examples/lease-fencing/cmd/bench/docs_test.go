@@ -57,3 +57,27 @@ func TestUpdateDocsWithoutMarkers(t *testing.T) {
 		t.Errorf("the page changed:\n%s", got)
 	}
 }
+
+// TestPerformancePageGoals: the page's Goals table names every RATIO line
+// of the report (ratios), so a new ratio comes with its goal and what
+// decides it.
+func TestPerformancePageGoals(t *testing.T) {
+	page, err := os.ReadFile(performanceDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(page)
+	i := strings.Index(s, "\n## Goals\n")
+	if i < 0 {
+		t.Fatalf("%s: no Goals section", performanceDoc)
+	}
+	goals := s[i+1:]
+	if j := strings.Index(goals, "\n## "); j >= 0 {
+		goals = goals[:j]
+	}
+	for _, r := range ratios {
+		if !r.info && !strings.Contains(goals, "`"+r.name+"`") {
+			t.Errorf("%s: the Goals section does not name `%s`", performanceDoc, r.name)
+		}
+	}
+}

@@ -108,6 +108,19 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 		return nil, errors.Join(err, fmt.Errorf("advance: %+v", r))
 	}
 	const plainKey = "/bench/plain/part/daily-report/summary"
+	// etcd_limit, the cheapest the fenced write could be: its Put of the
+	// same record under one compare of a key's value, the kind of compare
+	// the fence's guard is (Value(floor) == token), on a key of the
+	// bench's own that holds the same encoded token; no Else(Get floor)
+	// branch, no record built per call. Its part key is as long as the
+	// fenced write's. (The same shape as etcd_guarded_txn, whose compare
+	// is the fence's own Guard.)
+	guard := fence.Guard(guarded)
+	const limitFloorKey, limitKey = "/bench/limits/floor/daily-report", "/bench/limits/part/daily-report/summary"
+	limitToken := string(guard.ValueBytes())
+	if _, err := e.cli.Put(ctx, limitFloorKey, limitToken); err != nil {
+		return nil, err
+	}
 	var shards []leasecore.Grant
 	for i := range 1000 {
 		g, err := leases.Acquire(ctx, fmt.Sprintf("shard-%04d", i), "bench-shards", 60*time.Second)
@@ -137,6 +150,14 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 			r, err := res.Write(ctx, w)
 			if err == nil && !r.Accepted {
 				err = errors.New("fenced write rejected")
+			}
+			return err
+		}},
+		{name: "etcd_limit", perOp: 1, op: func() error {
+			r, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.Value(limitFloorKey), "=", limitToken)).
+				Then(clientv3.OpPut(limitKey, record)).Commit()
+			if err == nil && !r.Succeeded {
+				err = errors.New("etcd limit: the compare failed")
 			}
 			return err
 		}},

@@ -53,6 +53,29 @@ const userUpsert = `INSERT INTO public.bench_part (scope, part, content, writer,
 ON CONFLICT (scope, part) DO UPDATE SET content = EXCLUDED.content, writer = EXCLUDED.writer,
   token = EXCLUDED.token, written_at = clock_timestamp()`
 
+// limitTable holds the bench's own floor rows for the limit variants: the
+// columns and key of the fence's fence_floor, one row per scope a limit
+// variant writes, none of the fence's triggers or logic.
+const limitTable = `CREATE TABLE public.limit_floor (
+  scope     text PRIMARY KEY,
+  max_token bigint NOT NULL
+)`
+
+// limitRead is the one statement a limit variant adds to the unfenced
+// write: the cheapest thing the fence's check could cost. Every fast-path
+// comparison of fence-pg (FencedWriteShared in Resource.Write,
+// FenceGuardOrRaise at RunTx's commit and in SendBatch's pipeline) is an
+// index lookup of one floor row that takes that row's lock in share mode
+// (FOR SHARE; a raise must wait for the writers that relied on the old
+// floor), so the limit reads one row by primary key, FOR SHARE, too: the
+// same kind of row and lock, without the fence's comparison with the
+// token, its rejection, DurableCommit's setting check or its SKIP LOCKED
+// (which changes nothing when the row is not locked for update). A read
+// without the lock would be cheaper, but no fence: it would not keep a
+// raise out until the write commits. The row must exist (Scan fails
+// otherwise), so the lock is really taken.
+const limitRead = `SELECT max_token FROM public.limit_floor WHERE scope = $1 FOR SHARE`
+
 // pgEnv is a throwaway cluster with a lease database and a report
 // database, and pools on both.
 type pgEnv struct {
@@ -135,7 +158,18 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if err := e.res.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	if _, err := e.resPool.Exec(ctx, userTable); err != nil {
+	for _, ddl := range []string{userTable, limitTable} {
+		if _, err := e.resPool.Exec(ctx, ddl); err != nil {
+			return nil, err
+		}
+	}
+	// The limit variants' floor rows: one per single-client variant, and
+	// one per goroutine of limit_8_scopes_8_clients (parallelN starts a
+	// multiple of GOMAXPROCS of them, fewer than clients + GOMAXPROCS).
+	if _, err := e.resPool.Exec(ctx, `INSERT INTO public.limit_floor (scope, max_token)
+		SELECT s, 1 FROM unnest(ARRAY['bench-limit-write', 'bench-limit-tx', 'bench-limit-pipeline']) s
+		UNION ALL SELECT 'bench-limit-scope-' || g, 1 FROM generate_series(1, $1::int) g`,
+		clients+runtime.GOMAXPROCS(0)); err != nil {
 		return nil, err
 	}
 	_, err = e.resPool.Exec(ctx, `INSERT INTO leasefence.fence_floor (scope, max_token) VALUES ('bench-article', 0)`)
@@ -235,13 +269,30 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 				return err
 			}))
 		}},
+		// user_tx_limit is RunTx's three round trips with one statement
+		// where the fence has its logic (limitRead): BEGIN, the upsert,
+		// then limitRead and COMMIT pipelined.
+		{name: "user_tx_limit", perOp: 1, op: func() error {
+			return limitTx(ctx, e.resPool)
+		}},
 		{name: "pipeline_fenced", perOp: 1, op: func() error {
 			b := &pgx.Batch{}
 			b.Queue(plainUpsert, "bench-pipeline", "summary", content, "holder-a", 1)
 			return mustAccept(e.fence.SendBatch(ctx, e.resPool, pipeClaim, b))
 		}},
+		// pipeline_limit is SendBatch's pipeline with limitRead where the
+		// check goes: one round trip, one implicit transaction.
+		{name: "pipeline_limit", perOp: 1, op: func() error {
+			return limitPipeline(ctx, e.resPool, "bench-limit-pipeline", "summary")
+		}},
 		{name: "fenced_write", perOp: 1, op: func() error {
 			return mustAccept(e.res.Write(ctx, fenced))
+		}},
+		// fenced_write_limit is the baseline's upsert of a part row plus
+		// limitRead, in one pipeline: one round trip and one commit, as
+		// Resource.Write (which folds both into one statement).
+		{name: "fenced_write_limit", perOp: 1, op: func() error {
+			return limitPipeline(ctx, e.resPool, "bench-limit-write", "summary")
 		}},
 		{name: "article_txn_fence", perOp: 1, op: func() error {
 			return articleFence(ctx, e.resPool)
@@ -272,6 +323,14 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 			parallel(b, func(id int) error {
 				return mustAccept(e.parRes.Write(ctx, leasecore.Write{Scope: fmt.Sprintf("bench-scope-%d", id),
 					Part: "summary", Content: content, Writer: "holder-a", Token: 1}))
+			})
+		}},
+		// limit_8_scopes_8_clients is fenced_8_scopes_8_clients's writers
+		// with fenced_write_limit's pipeline instead of Resource.Write:
+		// each client its own scope, one statement more per write.
+		{name: "limit_8_scopes_8_clients", perOp: 1, parallel: func(b *testing.B) {
+			parallel(b, func(id int) error {
+				return limitPipeline(ctx, e.par, fmt.Sprintf("bench-limit-scope-%d", id), "summary")
 			})
 		}},
 		{name: "unfenced_64_clients", perOp: 1, parallel: func(b *testing.B) {
@@ -305,6 +364,54 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 			})
 		}},
 	}, nil
+}
+
+// limitPipeline sends limitRead for scope and then the baseline's upsert of
+// part of scope as one pipeline on pool: one round trip, one implicit
+// transaction, one durable commit. Scope must have a limit_floor row.
+func limitPipeline(ctx context.Context, pool *pgxpool.Pool, scope, part string) error {
+	b := &pgx.Batch{}
+	var floor int64
+	b.Queue(limitRead, scope).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	b.Queue(plainUpsert, scope, part, content, "holder-a", 1)
+	return pool.SendBatch(ctx, b).Close()
+}
+
+// limitTx runs the caller's upsert in a transaction with RunTx's round
+// trips and nothing of its logic: BEGIN (Read Committed, sent as a batch
+// as RunTx does, without the idle timeout RunTx sets there), the upsert,
+// then limitRead and COMMIT in one pipeline.
+func limitTx(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// A connection given back inside a transaction (after a failure) is
+	// closed by the pool, so no rollback is needed for correctness; the
+	// rollbacks below only spare the pool a new connection. None runs
+	// after the COMMIT: pgx does not see a COMMIT sent as a statement,
+	// and a ROLLBACK there would cost a round trip.
+	defer conn.Release()
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
+	if err := br.Close(); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, userUpsert, "bench-limit-tx", "summary", content, "holder-a", 1); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	b = &pgx.Batch{}
+	var floor int64
+	b.Queue(limitRead, "bench-limit-tx").QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	b.Queue("commit")
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		_ = tx.Rollback(ctx)
+		return err
+	}
+	return nil
 }
 
 // articleFence is the fence of the lease-fencing article (SOURCES.md) as a

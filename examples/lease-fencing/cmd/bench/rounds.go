@@ -64,6 +64,17 @@ var ratios = []ratio{
 	{name: "etcd_guarded_txn/etcd_put", num: "etcd_guarded_txn", den: "etcd_put"},
 	{name: "etcd_fenced_write/etcd_put", num: "etcd_fenced_write", den: "etcd_put"},
 	{name: "etcd_acquire_release/etcd_mutex_lock_unlock", num: "etcd_acquire_release", den: "etcd_mutex_lock_unlock"},
+	// Each fenced path against its limit: the unfenced write plus one
+	// statement (etcd: one compare) in the same round trip and
+	// transaction, the least any fence of that shape could cost (see
+	// limitRead). All five compare time per write, the 8-client one too
+	// (unlike the other concurrent ratios, which compare throughput): above
+	// 1 means the fence costs more than its limit.
+	{name: "fenced_write/fenced_write_limit", num: "fenced_write", den: "fenced_write_limit"},
+	{name: "user_tx_fenced/user_tx_limit", num: "user_tx_fenced", den: "user_tx_limit"},
+	{name: "pipeline_fenced/pipeline_limit", num: "pipeline_fenced", den: "pipeline_limit"},
+	{name: "fenced_8_scopes_8_clients/limit_8_scopes_8_clients", num: "fenced_8_scopes_8_clients", den: "limit_8_scopes_8_clients"},
+	{name: "etcd_fenced_write/etcd_limit", num: "etcd_fenced_write", den: "etcd_limit"},
 	// What a durable commit costs in this run: a single-row upsert against
 	// a round trip that commits nothing (see commitCost).
 	{name: commitCostRatio, num: "unfenced_upsert", den: "select_1", info: true},
