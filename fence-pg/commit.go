@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/internal/pgstore"
 	"github.com/leasefence/leasefence/leasecore"
 	"github.com/leasefence/leasefence/leasecore/backendkit"
@@ -68,19 +70,23 @@ import (
 // ctx bounds every statement RunTx sends. Given a session's context
 // (leasecore.Session.Context), a hold that ends while the transaction runs
 // cancels it: RunTx returns an error wrapping the context's error and its
-// cause (leasecore.ErrLocalDeadline, leasecore.ErrLost), and nothing is
-// committed — the fence is not asked, and no rejection is logged. With a
-// context of its own, the transaction goes on and the fence decides at
-// commit. Either is safe.
+// cause (leasecore.ErrLocalDeadline, leasecore.ErrLost), never
+// leasecore.ErrUnavailable, whichever driver noticed ("fencepg: run tx:
+// context canceled (the context ended: <cause>): nothing of the
+// transaction was committed"), and nothing is committed — the fence is
+// not asked, and no rejection is logged — unless the hold ends during the
+// round trip that carries the COMMIT (below). With a context of its own,
+// the transaction goes on and the fence decides at commit. Either is safe.
 //
 // # An outcome that is unknown
 //
-// An error after the COMMIT was sent — one wrapping
-// leasecore.ErrUnavailable or the context's error, whose message names
-// the step ("fencepg: run tx: commit: ..."): the connection was lost, or
-// ctx ended, during the last round trip — leaves the outcome unknown: the
-// transaction may have committed, or may still commit (see the package
-// documentation). Nothing the fence keeps ties that outcome to this one
+// When the connection breaks or ctx ends, the error says what became of
+// the transaction. Before the COMMIT was sent it ends with "nothing of the
+// transaction was committed". After — the connection was lost, or ctx
+// ended, during the round trip that carries the COMMIT — it says "the
+// COMMIT was sent and its answer never came: the transaction may have
+// committed, or may still commit" (see the package documentation). Nothing
+// the fence keeps ties that outcome to this one
 // transaction: the attempt log records a rejection by its Writer (the
 // holder) and token only, an accepted check only with leasecore.LogAll,
 // and on PostgreSQL a check's entry has no part (Attempt.Part is empty),
@@ -120,7 +126,7 @@ func (f *Fence) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx pgx.Tx)
 func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pgxpool.Conn, pgx.Tx, leasecore.Token, error) {
 	conn, err := f.pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
+		return nil, nil, 0, txError(ctx, op, err, false)
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -138,7 +144,7 @@ func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pg
 	if err := br.Close(); err != nil {
 		rollback(ctx, tx)
 		conn.Release()
-		return nil, nil, 0, pgstore.MapError(ctx, pkg, op, err)
+		return nil, nil, 0, txError(ctx, op, err, false)
 	}
 	return conn, tx, leasecore.Token(floor), nil
 }
@@ -178,7 +184,12 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 		return rejected(int64(early))
 	}
 	if err := fn(tx); err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		return leasecore.Result{}, txError(ctx, op, err, false)
+	}
+	if ctx.Err() != nil {
+		// Ended while fn ran: not sent, the deferred rollback closes the
+		// connection and the server rolls the transaction back.
+		return leasecore.Result{}, txError(ctx, op+": commit", ctx.Err(), false)
 	}
 	b := &pgx.Batch{}
 	f.queueCommitCheck(b, c)
@@ -191,7 +202,7 @@ func (f *Fence) runPgx(ctx context.Context, op string, c leasecore.Claim, conn *
 		return rejected(floor)
 	}
 	if err != nil {
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+		return leasecore.Result{}, txError(ctx, op+": commit", err, !pgconn.SafeToRetry(err))
 	}
 	finished = true
 	f.seen.saw(c.Scope, c.Token)
@@ -253,7 +264,7 @@ func (f *Fence) raisePgx(ctx context.Context, op string, c leasecore.Claim, tx p
 	var setting string
 	b.Queue(f.stmt.earlyRead, c.Scope, f.idleSetting()).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return 0, pgstore.MapError(ctx, pkg, op, err)
+		return 0, txError(ctx, op, err, false)
 	}
 	return leasecore.Token(floor), nil
 }
@@ -269,10 +280,11 @@ func (f *FenceDB) raiseSQL(ctx context.Context, op string, c leasecore.Claim) er
 	var floor int64
 	if err := tx.QueryRowContext(ctx, f.stmt.advance, f.raiseArgs(c)...).Scan(&floor); err != nil {
 		_ = tx.Rollback()
-		return pgstore.MapError(ctx, pkg, op, err)
+		return txError(ctx, op, err, false)
 	}
+	// The raise's own COMMIT: the caller's transaction has not begun.
 	if err := tx.Commit(); err != nil {
-		return pgstore.MapError(ctx, pkg, op, err)
+		return txError(ctx, op, err, false)
 	}
 	return nil
 }
@@ -336,7 +348,7 @@ func (f *FenceDB) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.
 	// transaction can have sat idle is at most the time since.
 	since := time.Now()
 	if err, lost := runFn(tx, fn); err != nil {
-		return leasecore.Result{}, f.lostSQLTx(pgstore.MapError(ctx, pkg, op, err), err, since, lost)
+		return leasecore.Result{}, f.lostSQLTx(ctx, op, err, since, lost)
 	}
 	return f.commitSQL(ctx, op, tx, c, since)
 }
@@ -356,37 +368,95 @@ func runFn(tx *sql.Tx, fn func(*sql.Tx) error) (err error, lost bool) {
 	return err, false
 }
 
-// lostSQLTx explains a connection that broke inside a database/sql fenced
-// transaction before its COMMIT was sent (in fn, or at the comparison):
-// nothing of the transaction was committed, and the error says so.
-// lib/pq turns the server's FATAL error for a session it ended into
-// driver.ErrBadConn and the reason is lost (pgx's stdlib driver keeps it,
-// SQLSTATE 25P03, which MapError names); the most common reason inside a
-// transaction is idle_in_transaction_session_timeout. RunTx knows the
-// timeout it set (since is when its own first statements returned; fn's
-// are not timed): when the transaction had been open longer than that,
-// the error says that the server most likely ended it. For Commit,
-// since is zero: the caller's transaction is not the fence's to time.
-// mapped is MapError's error for err; lost reports that a rollback found
-// the connection broken, which fn's error (formatted, not wrapped) may
-// hide.
-func (f *FenceDB) lostSQLTx(mapped, err error, since time.Time, lost bool) error {
+// What the error of a fenced transaction says about its outcome when the
+// connection broke or ctx ended, the errors after which the package
+// documentation calls an outcome unknown: a transaction whose COMMIT was
+// never sent has committed nothing; one whose COMMIT was sent and not
+// answered may have committed.
+const (
+	notCommitted  = "nothing of the transaction was committed"
+	commitUnknown = "the COMMIT was sent and its answer never came: the transaction may have committed, or may still commit"
+)
+
+// txError maps err, from step op of a fenced transaction, with MapError
+// and, when that leaves the outcome open (a broken connection, ctx's end:
+// pgstore.OutcomeUnknown) and the server did not answer with an error of
+// its own, states the outcome: commitSent reports that the COMMIT may
+// have reached the server.
+func txError(ctx context.Context, op string, err error, commitSent bool) error {
+	mapped := pgstore.MapError(ctx, pkg, op, err)
 	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
+	if !pgstore.OutcomeUnknown(mapped) || (ctx.Err() == nil && errors.As(err, &coded)) {
 		return mapped
 	}
-	if !errors.Is(mapped, leasecore.ErrUnavailable) {
-		mapped = fmt.Errorf("%w: %w", leasecore.ErrUnavailable, mapped)
+	if commitSent {
+		return fmt.Errorf("%w: %s", mapped, commitUnknown)
 	}
-	const nothing = "nothing of the transaction was committed"
+	return fmt.Errorf("%w: %s", mapped, notCommitted)
+}
+
+// lostSQLTx maps the error of a database/sql fenced transaction before
+// its COMMIT was sent (in fn, or at the comparison) and says that nothing
+// of the transaction was committed when the connection broke or ctx
+// ended. lib/pq turns the server's FATAL error for a session it ended
+// into driver.ErrBadConn and the reason is lost (pgx's stdlib driver keeps
+// it, SQLSTATE 25P03, which MapError names); the most common reason
+// inside a transaction is idle_in_transaction_session_timeout. RunTx
+// knows the timeout it set (since is when its own first statements
+// returned; fn's are not timed): when the transaction had been open
+// longer than that, the error says that the server most likely ended it.
+// For Commit, since is zero: the caller's transaction is not the fence's
+// to time. lost reports that a rollback found the connection broken,
+// which fn's error (formatted, not wrapped) may hide.
+func (f *FenceDB) lostSQLTx(ctx context.Context, op string, err error, since time.Time, lost bool) error {
+	var coded interface{ SQLState() string }
+	if ctx.Err() != nil || errors.As(err, &coded) || !(lost || pgstore.IsConnectionError(err)) {
+		return txError(ctx, op, err, false)
+	}
+	mapped := pgstore.MapError(ctx, pkg, op, err)
+	if !errors.Is(mapped, leasecore.ErrUnavailable) {
+		mapped = fmt.Errorf("%s: %s: %w: %w", pkg, op, leasecore.ErrUnavailable, err)
+	}
 	if d := f.cfg.idleInTxTimeout; !since.IsZero() && d > 0 {
 		if open := time.Since(since); open > d {
 			return fmt.Errorf("%w (the connection broke before the COMMIT was sent, %v after the transaction began, longer than its "+
 				"idle_in_transaction_session_timeout %v: the server most likely ended the session of a transaction that sat idle "+
-				"that long, SQLSTATE 25P03, which this driver does not report; %s)", mapped, open.Round(time.Millisecond), d, nothing)
+				"that long, SQLSTATE 25P03, which this driver does not report; %s)", mapped, open.Round(time.Millisecond), d, notCommitted)
 		}
 	}
-	return fmt.Errorf("%w (the connection broke before the COMMIT was sent: %s)", mapped, nothing)
+	return fmt.Errorf("%w (the connection broke before the COMMIT was sent: %s)", mapped, notCommitted)
+}
+
+// commitFailed maps the error of database/sql's COMMIT of a fenced
+// transaction; idleFrom is when the comparison before it returned, since
+// as for lostSQLTx. database/sql returns the context's error itself, or
+// sql.ErrTxDone when it has already rolled the transaction back for the
+// context, without sending the COMMIT, and pgx's stdlib driver marks an
+// error from before sending safe to retry: then nothing was committed.
+// Otherwise the COMMIT was sent, and a broken connection leaves the
+// outcome unknown. lib/pq reports driver.ErrBadConn both when the server
+// had ended the session before the COMMIT arrived (it reads the server's
+// FATAL error, or EOF, where the answer should be) and when the
+// connection broke after the COMMIT arrived, which may have committed it:
+// the error stays "outcome unknown", and adds the likely cause when RunTx
+// knows that the transaction sat idle between the comparison and the
+// COMMIT for longer than the idle timeout it set.
+func (f *FenceDB) commitFailed(ctx context.Context, op string, err error, idleFrom, since time.Time) error {
+	//nolint:errorlint // database/sql returns the context's error value itself
+	sent := !(err == context.Canceled || err == context.DeadlineExceeded ||
+		errors.Is(err, sql.ErrTxDone) || pgconn.SafeToRetry(err))
+	mapped := txError(ctx, op, err, sent)
+	d := f.cfg.idleInTxTimeout
+	if !sent || ctx.Err() != nil || !errors.Is(err, driver.ErrBadConn) || since.IsZero() || d <= 0 {
+		return mapped
+	}
+	if idle := time.Since(idleFrom); idle > d {
+		return fmt.Errorf("%w (the transaction sat idle %v between the comparison and the COMMIT, longer than its "+
+			"idle_in_transaction_session_timeout %v: the server most likely ended the session before the COMMIT arrived, "+
+			"SQLSTATE 25P03, which this driver does not report, and then nothing was committed)",
+			mapped, idle.Round(time.Millisecond), d)
+	}
+	return mapped
 }
 
 // beginSQLTx begins a Read Committed transaction on the database/sql
@@ -394,13 +464,13 @@ func (f *FenceDB) lostSQLTx(mapped, err error, since time.Time, lost bool) error
 func (f *FenceDB) beginSQLTx(ctx context.Context, op string) (*sql.Tx, error) {
 	tx, err := f.sqlDB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	if err != nil {
-		return nil, pgstore.MapError(ctx, pkg, op, err)
+		return nil, txError(ctx, op, err, false)
 	}
 	if d := f.cfg.lockTimeout; d > 0 {
 		// No arguments: lib/pq sends the simple protocol.
 		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = "+strconv.FormatInt(d.Milliseconds(), 10)); err != nil {
 			_ = tx.Rollback()
-			return nil, pgstore.MapError(ctx, pkg, op, err)
+			return nil, txError(ctx, op, err, false)
 		}
 	}
 	return tx, nil
@@ -425,7 +495,7 @@ func (f *FenceDB) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*
 	}
 	if err != nil {
 		_ = tx.Rollback()
-		return nil, 0, pgstore.MapError(ctx, pkg, op, err)
+		return nil, 0, txError(ctx, op, err, false)
 	}
 	return tx, leasecore.Token(floor), nil
 }
@@ -449,16 +519,25 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 	}
 	if err != nil {
 		lost := errors.Is(tx.Rollback(), driver.ErrBadConn)
-		return leasecore.Result{}, f.lostSQLTx(pgstore.MapError(ctx, pkg, op, err), err, since, lost)
+		return leasecore.Result{}, f.lostSQLTx(ctx, op, err, since, lost)
 	}
+	checked := time.Now()
 	f.seen.saw(c.Scope, leasecore.Token(floor))
 	if leasecore.Token(floor) != c.Token {
 		_ = tx.Rollback()
 		return f.outcome(ctx, op, c, floor)
 	}
+	if pause := commitgap.PauseFrom(ctx); pause != nil {
+		pause()
+	}
+	if ctx.Err() != nil {
+		// Commit's tx may be bound to another context than ctx, which
+		// still ends the call: the COMMIT is not sent.
+		_ = tx.Rollback()
+		return leasecore.Result{}, txError(ctx, op+": commit", ctx.Err(), false)
+	}
 	if err := tx.Commit(); err != nil {
-		// Sent: whether it committed is unknown when the connection broke.
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op+": commit", err)
+		return leasecore.Result{}, f.commitFailed(ctx, op+": commit", err, checked, since)
 	}
 	return f.accepted(op, c), nil
 }
@@ -477,11 +556,13 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 // larger token that beat c.Token (logged, and diagnosed, as RunTx's
 // rejections are). Either way tx is closed: a deferred tx.Rollback then
 // returns pgx.ErrTxClosed, as after tx.Commit. An error means tx was
-// rolled back, or — an error wrapping leasecore.ErrUnavailable or the
-// context's, the connection lost during the round trip — that the outcome
-// is unknown: resolve it with a key of your own written in tx, as
-// RunTx's documentation describes (the attempt log and the floor cannot
-// tell which transaction of a holder committed).
+// rolled back (a ctx that had already ended sends nothing and rolls tx
+// back: "nothing of the transaction was committed"), or — an error that
+// says the COMMIT was sent and its answer never came: the connection lost,
+// or ctx ended, during the round trip — that the outcome is unknown:
+// resolve it with a key of your own written in tx, as RunTx's
+// documentation describes (the attempt log and the floor cannot tell
+// which transaction of a holder committed).
 //
 // Until Commit the fence holds no lock for tx, so a newer holder never
 // waits on the fence for it; tx's own statements hold their row locks
@@ -497,11 +578,15 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 // COMMIT the server would answer with a warning.
 func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
-	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(context.WithoutCancel(ctx), op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	if tx == nil {
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	if ctx.Err() != nil {
+		rollback(ctx, tx)
+		return leasecore.Result{}, txError(ctx, op, ctx.Err(), false)
 	}
 	b := &pgx.Batch{}
 	b.Queue(f.stmt.checkOrRaise, f.args(c, false)...)
@@ -513,7 +598,7 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 		if floor, ok := rejectedFloor(err); ok {
 			return f.outcome(ctx, op, c, floor)
 		}
-		return leasecore.Result{}, pgstore.MapError(ctx, pkg, op, err)
+		return leasecore.Result{}, txError(ctx, op, err, !pgconn.SafeToRetry(err))
 	}
 	// Committed. This ends the empty transaction the BEGIN opened; if it
 	// fails the connection is gone, which changes nothing that committed.
@@ -528,20 +613,29 @@ func (f *Fence) Commit(ctx context.Context, tx pgx.Tx, c leasecore.Claim) (lease
 // COMMIT are two round trips (database/sql cannot pipeline them), so the
 // comparison's share lock of the floor row is held for the one round trip
 // between them. Accepted: tx is committed. Rejected or an error: tx is
-// rolled back — except for an error of the COMMIT itself (its message
-// says "commit: commit"), whose outcome is unknown when the connection
-// broke: resolve it with a key of your own written in tx, as
-// Fence.RunTx's documentation describes. A connection that broke before
-// the COMMIT was sent says that nothing was committed; lib/pq does not
-// report why a server ended a session, most often
-// idle_in_transaction_session_timeout inside a transaction.
+// rolled back — except when the error says that the COMMIT was sent and
+// its answer never came (the connection broke, or ctx ended, during the
+// COMMIT): then the outcome is unknown; resolve it with a key of your own
+// written in tx, as Fence.RunTx's documentation describes. A connection
+// that broke, or a ctx that ended, before the COMMIT was sent says that
+// nothing was committed. lib/pq does not report why a server ended a
+// session, most often idle_in_transaction_session_timeout inside a
+// transaction, and reports a session the server ended before the COMMIT
+// arrived as it reports a connection lost after: "bad connection", the
+// outcome unknown. RunTx, which sets the idle timeout itself, then names
+// the timeout as the likely cause when its transaction sat idle between
+// the comparison and the COMMIT for longer than that.
 func (f *FenceDB) Commit(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (leasecore.Result, error) {
 	const op = "commit"
-	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(context.WithoutCancel(ctx), op, c); err != nil {
 		return leasecore.Result{}, err
 	}
 	if tx == nil {
 		return leasecore.Result{}, &leasecore.ArgError{Op: op, Field: "tx", Reason: "must not be nil"}
+	}
+	if ctx.Err() != nil {
+		_ = tx.Rollback()
+		return leasecore.Result{}, txError(ctx, op, ctx.Err(), false)
 	}
 	return f.commitSQL(ctx, op, tx, c, time.Time{})
 }
@@ -559,12 +653,18 @@ func (f *fenceCore) idleSetting() any {
 	return nil
 }
 
+// checkRun validates RunTx's input. A context that has already ended is
+// reported as one that ends during the transaction (txError): with its
+// cause, and nothing committed.
 func (f *fenceCore) checkRun(ctx context.Context, op string, c leasecore.Claim, nilFn bool) error {
-	if err := backendkit.CheckClaim(ctx, op, c); err != nil {
+	if err := backendkit.CheckClaim(context.WithoutCancel(ctx), op, c); err != nil {
 		return err
 	}
 	if nilFn {
 		return &leasecore.ArgError{Op: op, Field: "fn", Reason: "must not be nil"}
+	}
+	if ctx.Err() != nil {
+		return txError(ctx, op, ctx.Err(), false)
 	}
 	return nil
 }

@@ -49,9 +49,21 @@
 // fsync off), and the context's error. Messages of
 // errors from the database start with "fencepg: <op>: ".
 //
+// When the context has ended, an error the end explains (the driver's
+// own words for it, a connection it closed or marked bad, a statement it
+// cancelled, a transient server condition) is reported the same way on
+// every driver: "fencepg: <op>: context canceled (the context ended:
+// <cause>)", wrapping the context's error and context.Cause (a session's
+// context ends with leasecore.ErrLocalDeadline or leasecore.ErrLost), and
+// never leasecore.ErrUnavailable: a caller that retries on ErrUnavailable
+// does not take a lease that ended for a database that faltered.
+//
 // After an error wrapping leasecore.ErrUnavailable or a context error the
 // outcome is unknown: the statement may have committed before the
-// connection broke, or may still commit. pgx, on a cancelled context, closes
+// connection broke, or may still commit. The fenced transactions (RunTx,
+// Commit) say which: "nothing of the transaction was committed" when the
+// COMMIT was never sent, "the COMMIT was sent and its answer never came"
+// when the outcome is unknown. pgx, on a cancelled context, closes
 // the connection; the server notices only when it next talks to the client,
 // so a statement waiting for a lock can still run and commit after Write or
 // Acquire returned the context's error. A token check stays correct either

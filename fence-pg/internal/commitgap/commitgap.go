@@ -1,6 +1,6 @@
-// Package commitgap is the commit-gap test hook of fencepg.Resource, kept
-// out of fencepg's API: only this module (its tests, pgconformance) can
-// import it.
+// Package commitgap is the commit-gap test hook of fencepg.Resource (and,
+// in pause.go, of FenceDB), kept out of fencepg's API: only this module
+// (its tests, pgconformance) can import it.
 //
 // With a gap, Resource.Write and WriteBatch run BEGIN; the fence
 // statement; gap(ctx, w); COMMIT, so the write holds the scope's floor row

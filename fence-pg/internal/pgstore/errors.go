@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -29,16 +30,28 @@ import (
 // (an unknown database, a failed login) is a configuration error, not a
 // connection that may come back.
 //
-//   - 57014 query_canceled: when ctx has ended, the driver cancelled the
-//     statement for it: wraps ctx.Err(), so callers keep matching context
-//     errors whichever driver they use. When ctx is still live and the
-//     server says "canceling statement due to statement timeout", the
-//     server's statement_timeout ended it: wraps leasecore.ErrUnavailable
-//     (the statement waited or ran longer than the role's, database's or
-//     server's statement_timeout; it may pass, or the setting is too
-//     low). Otherwise (pg_cancel_backend, or a server whose lc_messages is
-//     not English, so the message cannot be told apart) it wraps
-//     context.Canceled.
+// When ctx has ended, an error that the end explains (the driver's context
+// error, a connection it closed or marked bad for ctx, a statement it
+// cancelled for ctx: SQLSTATE 57014) is reported as ctx's end, and so is
+// any transient condition below that would otherwise wrap
+// leasecore.ErrUnavailable: the error wraps ctx.Err() and context.Cause(ctx)
+// (a session's context ends with leasecore.ErrLocalDeadline or
+// leasecore.ErrLost), and never leasecore.ErrUnavailable, so that a caller
+// that retries on ErrUnavailable does not take a lease that ended for a
+// database that faltered. Its message reads "<pkg>: <op>: context canceled
+// (the context ended: <cause>)" ("context deadline exceeded" for a
+// deadline) whichever driver noticed, followed by the
+// driver's message only when that says more than the context's end (an
+// error of the caller's own function, say). The server's definite answers
+// (a missing table, a missing grant, a constraint) keep their mapping.
+//
+//   - 57014 query_canceled, ctx live: when the server says "canceling
+//     statement due to statement timeout", the server's statement_timeout
+//     ended it: wraps leasecore.ErrUnavailable (the statement waited or ran
+//     longer than the role's, database's or server's statement_timeout; it
+//     may pass, or the setting is too low). Otherwise (pg_cancel_backend,
+//     or a server whose lc_messages is not English, so the message cannot
+//     be told apart) it wraps context.Canceled.
 //   - class 08 (connection exception), 57P01/57P02/57P03 (admin or crash
 //     shutdown, cannot connect now), class 53 (insufficient resources),
 //     40001/40P01 (serialization failure, deadlock): wraps
@@ -62,10 +75,11 @@ import (
 //     leasecore.ErrConfig — retrying will not help until the
 //     configuration is fixed; the message says what to change.
 //
-// Without a SQLSTATE: context errors are kept; an error while ctx is done
-// is attributed to ctx; connection-level failures (net.Error, io.EOF,
-// io.ErrUnexpectedEOF, driver.ErrBadConn, *pgconn.ConnectError) wrap
-// leasecore.ErrUnavailable. Everything else is wrapped as it is.
+// Without a SQLSTATE, ctx live: context errors (of a context of the
+// caller's function, not ctx) are kept; connection-level failures
+// (net.Error, io.EOF, io.ErrUnexpectedEOF, driver.ErrBadConn,
+// *pgconn.ConnectError) wrap leasecore.ErrUnavailable. Everything else is
+// wrapped as it is.
 //
 // For ErrUnavailable and for context errors the operation may or may not
 // have taken effect: the statement may have committed before the
@@ -76,32 +90,88 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 	}
 	prefix := pkg + ": " + op
 	var coded interface{ SQLState() string }
-	if errors.As(err, &coded) {
-		return mapSQLState(ctx, prefix, op, coded.SQLState(), serverMessage(err), err)
+	hasState := errors.As(err, &coded)
+	if ctx.Err() != nil && (!hasState || transientState(coded.SQLState())) {
+		return contextEnded(ctx, prefix, err)
+	}
+	if hasState {
+		return mapSQLState(prefix, op, coded.SQLState(), serverMessage(err), err)
 	}
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return withCause(ctx, fmt.Errorf("%s: %w", prefix, err))
-	case ctx.Err() != nil:
-		// The driver noticed ctx in its own way (lib/pq can report a broken
-		// connection); what the caller needs to match is the context.
-		return withCause(ctx, fmt.Errorf("%s: %w: %w", prefix, ctx.Err(), err))
+		return fmt.Errorf("%s: %w", prefix, err)
 	case IsConnectionError(err):
 		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
 	}
 	return fmt.Errorf("%s: %w", prefix, err)
 }
 
-// withCause adds the cause of ctx's end to err, when ctx ended with one
-// of its own (context.WithCancelCause: a session's context ends with
-// leasecore.ErrLocalDeadline or leasecore.ErrLost), so that the caller
-// reads, and can match, why the context ended, not only that it did.
-func withCause(ctx context.Context, err error) error {
-	cause := context.Cause(ctx)
-	if cause == nil || cause == ctx.Err() || errors.Is(err, cause) {
-		return err
+// ContextEnded is MapError's error for an operation whose ctx has ended
+// before it sent anything: "<pkg>: <op>: context canceled (the context
+// ended: <cause>)", wrapping ctx.Err() and context.Cause(ctx). ctx must
+// have ended.
+func ContextEnded(ctx context.Context, pkg, op string) error {
+	return contextEnded(ctx, pkg+": "+op, ctx.Err())
+}
+
+// contextError is the error of an operation whose context ended: its
+// message reads as the context's end, and it wraps the context's error,
+// the cause of its end and the driver's error.
+type contextError struct {
+	msg  string
+	errs []error
+}
+
+func (e *contextError) Error() string   { return e.msg }
+func (e *contextError) Unwrap() []error { return e.errs }
+
+// contextEnded returns MapError's error for err, which the operation
+// prefix got after ctx ended (see MapError).
+func contextEnded(ctx context.Context, prefix string, err error) error {
+	ended := ctx.Err()
+	msg := prefix + ": " + ended.Error()
+	errs := []error{ended}
+	if cause := context.Cause(ctx); cause != nil && cause != ended {
+		msg += " (the context ended: " + cause.Error() + ")"
+		errs = append(errs, cause)
 	}
-	return fmt.Errorf("%w (the context ended: %w)", err, cause)
+	if !explainedByContext(err) {
+		msg += ": " + err.Error()
+	}
+	return &contextError{msg: msg, errs: append(errs, err)}
+}
+
+// explainedByContext reports whether err, received after the operation's
+// context ended, says no more than that: the context's error in the
+// driver's words (pgx: "timeout: context already done: context
+// canceled"), a connection the driver closed or marked bad for it (lib/pq:
+// "driver: bad connection"; pgx: "conn closed", an error it marks safe to
+// retry because nothing was sent), a transaction database/sql rolled back
+// for it (sql.ErrTxDone), or a transient server error (a statement the
+// driver cancelled, a session that ended).
+func explainedByContext(err error) bool {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return transientState(coded.SQLState())
+	}
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
+		IsConnectionError(err) || errors.Is(err, sql.ErrTxDone) || pgconn.SafeToRetry(err)
+}
+
+// transientState reports whether SQLSTATE code is a condition that may
+// pass (mapSQLState wraps leasecore.ErrUnavailable or a context error for
+// it), not a definite answer of the server about the statement or the
+// deployment.
+func transientState(code string) bool {
+	switch {
+	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"):
+		return true
+	}
+	switch code {
+	case "57014", "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "25P03":
+		return true
+	}
+	return false
 }
 
 // The server's messages MapError tells apart within one SQLSTATE
@@ -118,21 +188,18 @@ const pgBouncerHint = "prepared statements of this connection are not the driver
 	"set binary_parameters=yes in the DSN (one round trip); " +
 	"or use PgBouncer 1.21+ with max_prepared_statements, or session mode"
 
-func mapSQLState(ctx context.Context, prefix, op, code, msg string, err error) error {
+// mapSQLState maps a server error while the operation's context is live
+// (MapError handles an ended one first).
+func mapSQLState(prefix, op, code, msg string, err error) error {
 	switch {
 	case code == "57014":
-		cause := ctx.Err()
-		switch {
-		case cause != nil:
-		case strings.Contains(msg, msgStatementTimeout):
+		if strings.Contains(msg, msgStatementTimeout) {
 			return fmt.Errorf("%s: %w (the server's statement_timeout ended the statement: "+
 				"it ran or waited for a lock longer than the statement_timeout of this role, database or server; "+
 				"raise statement_timeout, or find what holds the lock): %w",
 				prefix, leasecore.ErrUnavailable, err)
-		default:
-			cause = context.Canceled
 		}
-		return fmt.Errorf("%s: %w: %w", prefix, cause, err)
+		return fmt.Errorf("%s: %w: %w", prefix, context.Canceled, err)
 	case strings.HasPrefix(code, "08"), strings.HasPrefix(code, "53"),
 		code == "57P01", code == "57P02", code == "57P03",
 		code == "40001", code == "40P01":
@@ -142,7 +209,8 @@ func mapSQLState(ctx context.Context, prefix, op, code, msg string, err error) e
 			"e.g. a holder frozen inside its fenced transaction; retry, or raise lock_timeout): %w",
 			prefix, leasecore.ErrUnavailable, err)
 	case code == "25P03":
-		return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for longer than idle_in_transaction_session_timeout): %w",
+		return fmt.Errorf("%s: %w (the server ended this transaction: idle in transaction for longer than idle_in_transaction_session_timeout; "+
+			"nothing of the transaction was committed): %w",
 			prefix, leasecore.ErrUnavailable, err)
 	case code == "42P01", code == "42703", code == "42883":
 		return fmt.Errorf("%s: %w (run Migrate): %w", prefix, leasecore.ErrSchema, err)

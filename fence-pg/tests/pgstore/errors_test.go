@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -159,5 +160,84 @@ func TestMapErrorConfig(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMapErrorContextEnded: once the operation's context has ended, what
+// the end explains — the driver's context error in its own words, a
+// connection it closed or marked bad, a statement it cancelled, a
+// transient server condition — reads as the context's end with its cause,
+// wraps the context's error, the cause and the driver's error, and never
+// leasecore.ErrUnavailable: a caller that retries on ErrUnavailable must
+// not take a lease that ended for a database that faltered. The server's
+// definite answers keep their mapping, and an error the end does not
+// explain keeps its text.
+func TestMapErrorContextEnded(t *testing.T) {
+	cause := fmt.Errorf("holder-a: %w", leasecore.ErrLocalDeadline)
+	ended, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	plain, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	expired, cancel3 := context.WithDeadlineCause(context.Background(), time.Now().Add(-time.Second), cause)
+	defer cancel3()
+
+	pgErr := func(code string) error { return &pgconn.PgError{Severity: "FATAL", Code: code, Message: "m"} }
+	pqErr := func(code string) error { return &pq.Error{Code: pqerror.Code(code), Message: "m"} }
+	const endedMsg = "fencepg: run tx: context canceled (the context ended: holder-a: leasecore: local deadline passed)"
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		err  error
+		want string // the whole message
+		is   []error
+	}{
+		{"pgx context already done", ended, fmt.Errorf("timeout: context already done: %w", context.Canceled), endedMsg, nil},
+		{"lib/pq bad connection", ended, driver.ErrBadConn, endedMsg, nil},
+		{"EOF", ended, io.EOF, endedMsg, nil},
+		{"lib/pq statement cancelled for ctx", ended, pqErr("57014"), endedMsg, nil},
+		{"pgx connection exception", ended, pgErr("08006"), endedMsg, nil},
+		{"idle in transaction timeout", ended, pqErr("25P03"), endedMsg, nil},
+		{"lock timeout", ended, pgErr("55P03"), endedMsg, nil},
+		{"transaction database/sql rolled back", ended, sql.ErrTxDone, endedMsg, nil},
+		{"no cause", plain, driver.ErrBadConn, "fencepg: run tx: context canceled", nil},
+		{"deadline with a cause", expired, driver.ErrBadConn,
+			"fencepg: run tx: context deadline exceeded (the context ended: holder-a: leasecore: local deadline passed)",
+			[]error{context.DeadlineExceeded}},
+		{"the caller's own error", ended, errors.New("invoice 7 has no customer"), endedMsg + ": invoice 7 has no customer", nil},
+		{"undefined table", ended, pgErr("42P01"), "", []error{leasecore.ErrSchema}},
+		{"unique violation", ended, pqErr("23505"), "fencepg: run tx: pq: m (23505)", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := pgstore.MapError(tc.ctx, "fencepg", "run tx", tc.err)
+			t.Logf("%v", got)
+			if !errors.Is(got, tc.err) {
+				t.Errorf("%v does not wrap the driver's error", got)
+			}
+			if tc.want != "" && got.Error() != tc.want {
+				t.Errorf("message %q, want %q", got, tc.want)
+			}
+			definite := tc.want == "" || !strings.Contains(tc.want, "context")
+			if !definite {
+				if !errors.Is(got, tc.ctx.Err()) {
+					t.Errorf("%v does not wrap the context's error", got)
+				}
+				if tc.ctx != plain && !errors.Is(got, leasecore.ErrLocalDeadline) {
+					t.Errorf("%v does not wrap the cause", got)
+				}
+				if errors.Is(got, leasecore.ErrUnavailable) {
+					t.Errorf("%v wraps ErrUnavailable", got)
+				}
+			}
+			for _, s := range tc.is {
+				if !errors.Is(got, s) {
+					t.Errorf("%v does not wrap %v", got, s)
+				}
+			}
+		})
+	}
+	got := pgstore.ContextEnded(ended, "fencepg", "commit")
+	if got.Error() != "fencepg: commit: context canceled (the context ended: holder-a: leasecore: local deadline passed)" ||
+		!errors.Is(got, context.Canceled) || !errors.Is(got, leasecore.ErrLocalDeadline) {
+		t.Errorf("ContextEnded: %v", got)
 	}
 }
