@@ -43,7 +43,9 @@ func arg(op string, p *validate.Problem) error {
 }
 
 // CheckContext returns an error wrapping ctx.Err() when ctx is already done,
-// so an operation fails before it sends or writes anything.
+// so an operation fails before it sends or writes anything. It wraps the
+// context's cause too (context.Cause) when that is an error of its own,
+// such as a session's ErrLocalDeadline or ErrLost.
 func CheckContext(op string, ctx context.Context) error {
 	return validate.Context(op, ctx)
 }

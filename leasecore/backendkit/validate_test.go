@@ -3,6 +3,7 @@ package backendkit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -367,6 +368,15 @@ func TestChecksRejectDoneContext(t *testing.T) {
 	}
 	if err := backendkit.CheckContext("acquire", context.Background()); err != nil {
 		t.Errorf("CheckContext(Background) = %v, want nil", err)
+	}
+
+	// A context that ended with a cause of its own (a session's context
+	// ends with ErrLocalDeadline or ErrLost): the error wraps both.
+	caused, cancel3 := context.WithCancelCause(context.Background())
+	cancel3(fmt.Errorf("session ended: %w", leasecore.ErrLost))
+	err := backendkit.CheckAcquire(caused, "report-job", "holder-a", time.Second, 0)
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, leasecore.ErrLost) {
+		t.Errorf("CheckAcquire with a context cancelled with a cause = %v, want an error wrapping context.Canceled and the cause", err)
 	}
 }
 

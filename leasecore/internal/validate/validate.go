@@ -28,12 +28,20 @@ type Problem struct {
 	Field, Value, Reason string
 }
 
-// Context returns an error wrapping ctx.Err() when ctx is already done.
+// Context returns an error wrapping ctx.Err() when ctx is already done,
+// and the context's cause as well when it has one of its own (a session's
+// context ends with ErrLocalDeadline or ErrLost: a caller that passes it
+// must be able to tell why, with errors.Is, as from every other error of
+// an ended context).
 func Context(op string, ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("leasecore: %s: ctx: %w", op, err)
+	err := ctx.Err()
+	if err == nil {
+		return nil
 	}
-	return nil
+	if cause := context.Cause(ctx); cause != nil && cause != err {
+		return fmt.Errorf("leasecore: %s: ctx: %w (the context ended: %w)", op, err, cause)
+	}
+	return fmt.Errorf("leasecore: %s: ctx: %w", op, err)
 }
 
 // Name is backendkit.CheckName's rule for an identifier.
