@@ -165,7 +165,12 @@ type Txn struct {
 // ever written, and no floor is 0. A transaction guarded by hand writes no
 // attempt log.
 func (f *Fence) Guard(c leasecore.Claim) clientv3.Cmp {
-	return clientv3.Compare(clientv3.Value(f.layout.Floor(c.Scope)), "=", etcdkv.EncodeToken(c.Token))
+	return guardOf(f.layout.Floor(c.Scope), c.Token)
+}
+
+// guardOf is Guard for a floor key the caller has built already.
+func guardOf(floorKey string, t leasecore.Token) clientv3.Cmp {
+	return clientv3.Compare(clientv3.Value(floorKey), "=", etcdkv.EncodeToken(t))
 }
 
 // Advance raises the floor of c.Scope to c.Token without writing any data,
@@ -285,7 +290,7 @@ func (f *Fence) Commit(ctx context.Context, c leasecore.Claim, t Txn) (leasecore
 		return leasecore.Result{}, nil, err
 	}
 	at := time.Now()
-	return f.commit(ctx, op, c, t, at, func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
+	return f.commit(ctx, op, c, t, at, true, func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
 		return etcdkv.NewClaimAttemptRecord(c, accepted, floor, at)
 	})
 }
@@ -295,23 +300,40 @@ func (f *Fence) Commit(ctx context.Context, c leasecore.Claim, t Txn) (leasecore
 type recordFunc func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord
 
 // commit is Commit after validation, for Commit and Resource: at is the
-// attempt's time (its log key), record its log record.
-func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn, at time.Time,
+// attempt's time (its log key), record its log record; the response of an
+// accepted t is built only when wantResp is set (Resource drops it).
+func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn, at time.Time, wantResp bool,
 	record recordFunc) (leasecore.Result, *clientv3.TxnResponse, error) {
-	floorKey, attemptKey := f.layout.Floor(c.Scope), f.layout.NewAttempt(c.Scope, at)
+	floorKey := f.layout.Floor(c.Scope)
+	// The attempt's key is drawn only when a record is written (LogAll,
+	// or a rejection): the accepted path of the default log does not
+	// need it. It is the same key either way (the attempt's time, then
+	// random bits), and at most one record of the attempt is stored.
+	var attemptKey string
+	attempt := func() string {
+		if attemptKey == "" {
+			attemptKey = f.layout.NewAttempt(c.Scope, at)
+		}
+		return attemptKey
+	}
 	// A caller's transaction without compares of its own is its Then
 	// branch: its operations go straight into the guarded branch, which
 	// etcd applies more cheaply than a nested transaction (measured in
 	// docs/performance.md); the caller still gets a response of its own.
 	flat := len(t.If) == 0 && len(t.Else) == 0
-	then := []clientv3.Op{clientv3.OpTxn(t.If, t.Then, t.Else)}
-	if flat {
-		then = append([]clientv3.Op(nil), t.Then...)
+	var then []clientv3.Op
+	switch {
+	case !flat:
+		then = []clientv3.Op{clientv3.OpTxn(t.If, t.Then, t.Else)}
+	case f.log == leasecore.LogAll:
+		then = append(make([]clientv3.Op, 0, len(t.Then)+1), t.Then...) // not into the caller's array
+	default:
+		then = t.Then // Then copies it; nothing is appended
 	}
 	if f.log == leasecore.LogAll {
-		then = append(then, clientv3.OpPut(attemptKey, record(true, c.Token).Encode()))
+		then = append(then, clientv3.OpPut(attempt(), record(true, c.Token).Encode()))
 	}
-	guard := f.Guard(c)
+	guard := guardOf(floorKey, c.Token)
 	for advanced := false; ; advanced = true {
 		resp, err := f.kv.Txn(ctx).If(guard).Then(then...).Else(clientv3.OpGet(floorKey)).Commit()
 		if err != nil {
@@ -320,6 +342,9 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		if resp.Succeeded {
 			if f.observe != nil {
 				f.report(op, c, leasecore.Result{Accepted: true, Floor: c.Token}, nil)
+			}
+			if !wantResp {
+				return leasecore.Result{Accepted: true, Floor: c.Token}, nil, nil
 			}
 			if flat {
 				return leasecore.Result{Accepted: true, Floor: c.Token},
@@ -335,7 +360,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		}
 		if floor > c.Token {
 			res := leasecore.Result{Floor: floor}
-			err := f.rejected(ctx, op, c, attemptKey, record(false, floor))
+			err := f.rejected(ctx, op, c, attempt(), record(false, floor))
 			f.report(op, c, res, err)
 			return res, nil, err
 		}
@@ -350,7 +375,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return leasecore.Result{}, nil, err
 		}
 		if !res.Accepted {
-			err := f.rejected(ctx, op, c, attemptKey, record(false, res.Floor))
+			err := f.rejected(ctx, op, c, attempt(), record(false, res.Floor))
 			f.report(op, c, res, err)
 			return res, nil, err
 		}

@@ -98,8 +98,8 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 		return leasecore.Result{}, err
 	}
 	at := time.Now()
-	part := clientv3.OpPut(r.fence.layout.Part(w.Scope, w.Part), etcdkv.NewPartRecordAt(w, at).Encode())
-	res, _, err := r.fence.commit(ctx, op, backendkit.ClaimOf(w), Txn{Then: []clientv3.Op{part}}, at,
+	part := clientv3.OpPut(r.fence.layout.Part(w.Scope, w.Part), etcdkv.EncodePartRecord(w, at))
+	res, _, err := r.fence.commit(ctx, op, backendkit.ClaimOf(w), Txn{Then: []clientv3.Op{part}}, at, false,
 		func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
 			return etcdkv.NewAttemptRecordAt(w, accepted, floor, at)
 		})
@@ -138,10 +138,10 @@ func (r *Resource) WriteBatch(ctx context.Context, b leasecore.Batch) (leasecore
 	parts := make([]clientv3.Op, len(b.Parts))
 	for i, p := range b.Parts {
 		w := leasecore.Write{Scope: b.Scope, Part: p.Part, Content: p.Content, Writer: b.Writer, Token: b.Token}
-		parts[i] = clientv3.OpPut(r.fence.layout.Part(b.Scope, p.Part), etcdkv.NewPartRecordAt(w, at).Encode())
+		parts[i] = clientv3.OpPut(r.fence.layout.Part(b.Scope, p.Part), etcdkv.EncodePartRecord(w, at))
 	}
 	c := leasecore.Claim{Scope: b.Scope, Writer: b.Writer, Token: b.Token, Space: b.Space}
-	res, _, err := r.fence.commit(ctx, op, c, Txn{Then: parts}, at,
+	res, _, err := r.fence.commit(ctx, op, c, Txn{Then: parts}, at, false,
 		func(accepted bool, floor leasecore.Token) etcdkv.AttemptRecord {
 			return etcdkv.NewBatchAttemptRecord(b, accepted, floor, at)
 		})

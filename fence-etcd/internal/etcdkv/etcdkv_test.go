@@ -2,6 +2,7 @@ package etcdkv
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -303,5 +304,70 @@ func TestRecordsRoundTrip(t *testing.T) {
 	big := leasecore.Write{Content: strings.Repeat("\x01", backendkit.MaxContentLen), Writer: "w", Token: 1}
 	if n := len(NewPartRecord(big).Encode()); n > backendkit.MaxContentLen*4/3+200 {
 		t.Fatalf("record of MaxContentLen control characters is %d bytes", n)
+	}
+}
+
+// TestPartRecordEncoding: PartRecord.Encode writes the bytes encoding/json
+// writes for the record, on its hand-written path and on the fallback
+// (writers JSON escapes, other zones, empty and nil content, odd years),
+// and EncodeToken agrees with its zero-padded decimal definition.
+func TestPartRecordEncoding(t *testing.T) {
+	at := time.Date(2026, 3, 4, 5, 6, 7, 891011000, time.UTC)
+	r := rand.New(rand.NewPCG(3, 4))
+	binary := make([]byte, 3*256*2+2) // more than one piece of the base64 loop, not a multiple of 3
+	for i := range binary {
+		binary[i] = byte(r.UintN(256))
+	}
+	records := []PartRecord{
+		{Content: []byte("rows=100"), Writer: "holder-a", Token: 1, WrittenAt: at},
+		{Content: []byte{}, Writer: "w", Token: math.MaxUint64, WrittenAt: at},
+		{Content: nil, Writer: "w", Token: 7, WrittenAt: at},
+		{Content: binary, Writer: "a b~!", Token: 123456789, WrittenAt: at.Truncate(time.Second)},
+		{Content: []byte("x"), Writer: `q"uote\back<tag>&amp;`, Token: 2, WrittenAt: at},
+		{Content: []byte("x"), Writer: "tab\there", Token: 2, WrittenAt: at},
+		{Content: []byte("x"), Writer: "ünïcode\u2028", Token: 2, WrittenAt: at},
+		{Content: []byte("x"), Writer: "zone", Token: 2, WrittenAt: at.In(time.FixedZone("x", 3600))},
+		{Content: []byte("x"), Writer: "local", Token: 2, WrittenAt: time.Now()},
+		{Content: []byte("x"), Writer: "year", Token: 2, WrittenAt: time.Date(12000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		{Content: []byte("x"), Writer: "zero", Token: 0},
+	}
+	for _, p := range records {
+		want, err := json.Marshal(p)
+		if err != nil {
+			want = nil // mustJSON panics; Encode must too
+		}
+		got := func() (s string, panicked bool) {
+			defer func() { panicked = recover() != nil }()
+			return p.Encode(), false
+		}
+		s, panicked := got()
+		if want == nil {
+			if !panicked {
+				t.Errorf("Encode(%+v) = %s; encoding/json fails on it", p, s)
+			}
+			continue
+		}
+		if s != string(want) {
+			t.Errorf("Encode(%+v)\n got %s\nwant %s", p, s, want)
+		}
+		if p.Content == nil || p.WrittenAt.Location() != time.UTC {
+			continue // not a record NewPartRecordAt makes
+		}
+		w := leasecore.Write{Content: string(p.Content), Writer: p.Writer, Token: leasecore.Token(p.Token)}
+		if s := EncodePartRecord(w, p.WrittenAt); s != string(want) {
+			t.Errorf("EncodePartRecord(%+v)\n got %s\nwant %s", p, s, want)
+		}
+	}
+	for n := range 10 { // every length modulo 3, around a piece's end
+		w := leasecore.Write{Content: string(binary[:3*256-4+n]), Writer: "w", Token: 5}
+		want, _ := json.Marshal(NewPartRecordAt(w, at))
+		if s := EncodePartRecord(w, at); s != string(want) {
+			t.Errorf("EncodePartRecord of %d bytes\n got %s\nwant %s", len(w.Content), s, want)
+		}
+	}
+	for _, tok := range []leasecore.Token{0, 1, 9, 10, 12345, backendkit.MaxToken, math.MaxUint64} {
+		if got, want := EncodeToken(tok), fmt.Sprintf("%020d", uint64(tok)); got != want {
+			t.Errorf("EncodeToken(%d) = %q, want %q", tok, got, want)
+		}
 	}
 }

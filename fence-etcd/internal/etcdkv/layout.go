@@ -147,6 +147,13 @@ func (l Layout) Published(scope, part string) string { return l.key("published",
 
 func (l Layout) key(kind string, names ...string) string {
 	var b strings.Builder
+	// One allocation when no name needs escaping (PathEscape then returns
+	// the name itself): every fenced request builds two or three keys.
+	n := len(l.prefix) + 1 + len(kind)
+	for _, name := range names {
+		n += 1 + len(name)
+	}
+	b.Grow(n)
 	b.WriteString(l.prefix)
 	b.WriteString("/")
 	b.WriteString(kind)

@@ -1,8 +1,11 @@
 package etcdkv
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/leasefence/leasefence/leasecore"
@@ -37,8 +40,70 @@ func NewPartRecordAt(w leasecore.Write, at time.Time) PartRecord {
 	return PartRecord{Content: []byte(w.Content), Writer: w.Writer, Token: uint64(w.Token), WrittenAt: at.UTC()}
 }
 
-// Encode returns the record as JSON.
-func (p PartRecord) Encode() string { return mustJSON(p) }
+// Encode returns the record as JSON, the bytes encoding/json writes for it.
+func (p PartRecord) Encode() string {
+	if p.Content != nil { // encoding/json writes null for nil content
+		if s, ok := encodePart(string(p.Content), p.Writer, p.Token, p.WrittenAt); ok {
+			return s
+		}
+	}
+	return mustJSON(p)
+}
+
+// EncodePartRecord is NewPartRecordAt(w, at).Encode() without the copy of
+// the content: every write encodes one.
+func EncodePartRecord(w leasecore.Write, at time.Time) string {
+	if s, ok := encodePart(w.Content, w.Writer, uint64(w.Token), at.UTC()); ok {
+		return s
+	}
+	return NewPartRecordAt(w, at).Encode()
+}
+
+// encodePart writes a part record as encoding/json would encode it, with
+// one allocation and without its reflection, when that is plain to write
+// by hand: a writer of printable ASCII that JSON (with its HTML escaping)
+// leaves as is, a UTC time of a four-digit year. ok is false otherwise,
+// and the caller falls back to encoding/json; TestPartRecordEncoding
+// checks that both agree.
+func encodePart(content, writer string, token uint64, at time.Time) (_ string, ok bool) {
+	if at.Location() != time.UTC || at.Year() < 0 || at.Year() > 9999 {
+		return "", false
+	}
+	for i := 0; i < len(writer); i++ {
+		if c := writer[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return "", false
+		}
+	}
+	const (
+		head = `{"content":"`
+		mid  = `","writer":"`
+		tok  = `","token":`
+		tim  = `,"written_at":"`
+		tail = `"}`
+	)
+	var b strings.Builder
+	b.Grow(len(head) + base64.StdEncoding.EncodedLen(len(content)) + len(mid) + len(writer) + len(tok) + 20 +
+		len(tim) + len(time.RFC3339Nano) + len(tail))
+	b.WriteString(head)
+	// base64 in pieces through stack buffers: the content is a string, and
+	// a []byte of it would be a copy.
+	var in [3 * 256]byte
+	var out [4 * 256]byte
+	for len(content) > 0 {
+		n := copy(in[:], content)
+		content = content[n:]
+		base64.StdEncoding.Encode(out[:], in[:n]) // n is a multiple of 3 but for the last piece
+		b.Write(out[:base64.StdEncoding.EncodedLen(n)])
+	}
+	b.WriteString(mid)
+	b.WriteString(writer)
+	b.WriteString(tok)
+	b.Write(strconv.AppendUint(in[:0], token, 10))
+	b.WriteString(tim)
+	b.Write(at.AppendFormat(in[:0], time.RFC3339Nano))
+	b.WriteString(tail)
+	return b.String(), true
+}
 
 // StoredPart converts the record back.
 func (p PartRecord) StoredPart(scope, part string) leasecore.StoredPart {
