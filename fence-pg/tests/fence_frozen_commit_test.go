@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -279,31 +278,8 @@ func frozenBetweenCompareAndCommit(t *testing.T, sqlDriver string, idle time.Dur
 	ctx, cancel := context.WithTimeout(context.Background(), idle+30*time.Second)
 	t.Cleanup(cancel)
 
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	spec, _ := json.Marshal(commitPauseSpec{SQLDriver: sqlDriver, DSN: f.resDSN, Idle: idle})
-	cmd.Env = append(os.Environ(), commitPauseEnv+"="+string(spec))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, lines := startHolderProcess(t, commitPauseEnv, commitPauseSpec{SQLDriver: sqlDriver, DSN: f.resDSN, Idle: idle})
 	pid := cmd.Process.Pid
-	// Registered after the fixture's cleanups, so it runs before them: A
-	// is gone (and its session with it) before the pools close.
-	t.Cleanup(func() {
-		_ = syscall.Kill(pid, syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	lines := bufio.NewScanner(stdout)
 	if !lines.Scan() || !strings.HasPrefix(lines.Text(), "BEFORE_COMMIT ") {
 		t.Fatalf("holder A: %q, want BEFORE_COMMIT", lines.Text())
 	}

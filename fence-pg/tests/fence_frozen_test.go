@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -124,29 +125,8 @@ func TestFenceFrozenInsideTx(t *testing.T) {
 func frozenInsideTx(t *testing.T, driver string, idle time.Duration, past bool) {
 	f := newFenceFixture(t, driver)
 	ctx := context.Background()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	spec, _ := json.Marshal(frozenTxSpec{Driver: driver, DSN: f.resDSN, Idle: idle})
-	cmd.Env = append(os.Environ(), frozenTxEnv+"="+string(spec))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	cmd, stdin, lines := startHolderProcess(t, frozenTxEnv, frozenTxSpec{Driver: driver, DSN: f.resDSN, Idle: idle})
 	pid := cmd.Process.Pid
-	t.Cleanup(func() {
-		_ = syscall.Kill(pid, syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	lines := bufio.NewScanner(stdout)
 	if !lines.Scan() || lines.Text() != "IN_TX" {
 		t.Fatalf("holder A: %q, want IN_TX", lines.Text())
 	}
@@ -262,4 +242,42 @@ func waitState(t *testing.T, pid int, want string) string {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// startHolderProcess starts the test binary again as a holder process: the
+// environment variable env carries spec as JSON, and the binary's init
+// hook for env runs the holder instead of the tests. The process dies with
+// the test binary (Pdeathsig) and is thawed, killed and waited for when the
+// test ends; registered after the caller's fixture, that cleanup runs
+// first, so the holder and its session are gone before the pools close.
+// It returns the started command (its Wait says how the holder exited),
+// the holder's stdin and a scanner of its stdout.
+func startHolderProcess(t *testing.T, env string, spec any) (*exec.Cmd, io.WriteCloser, *bufio.Scanner) {
+	t.Helper()
+	js, err := json.Marshal(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env+"="+string(js))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() {
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd, stdin, bufio.NewScanner(stdout)
 }
