@@ -50,6 +50,7 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO etcd_acquire_release/etcd_mutex_lock_unlock ",
 		"RATIO fenced_write/fenced_write_limit ",
 		"RATIO user_tx_fenced/user_tx_limit ",
+		"RATIO user_tx_fenced/user_tx_fenced_no_idle ",
 		"RATIO pipeline_fenced/pipeline_limit ",
 		"RATIO fenced_8_scopes_8_clients/limit_8_scopes_8_clients ",
 		"RATIO etcd_fenced_write/etcd_limit ",

@@ -89,6 +89,9 @@ type pgEnv struct {
 	parRes    *fencepg.Resource
 	par64Res  *fencepg.Resource
 	fence     *fencepg.Fence // default options, for the caller's own rows in bench_part
+	// fenceNoIdle sets no idle-in-transaction timeout (WithTimeouts(0, 0)):
+	// user_tx_fenced against it is what that setting costs RunTx.
+	fenceNoIdle *fencepg.Fence
 }
 
 // clients is the number of concurrent writers in the contention variants.
@@ -150,6 +153,9 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 		return nil, err
 	}
 	if e.fence, err = fencepg.NewFence(e.resPool); err != nil {
+		return nil, err
+	}
+	if e.fenceNoIdle, err = fencepg.NewFence(e.resPool, fencepg.WithTimeouts(0, 0)); err != nil {
 		return nil, err
 	}
 	if err := e.leases.Migrate(ctx); err != nil {
@@ -244,6 +250,7 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 	// write the floor equals the token and the check takes its fast path
 	// (the floor row locked in share mode, no new version of it).
 	txClaim := leasecore.Claim{Scope: "bench-user-tx", Writer: "holder-a", Token: 1}
+	txNoIdleClaim := leasecore.Claim{Scope: "bench-user-tx-noidle", Writer: "holder-a", Token: 1}
 	pipeClaim := leasecore.Claim{Scope: "bench-pipeline", Writer: "holder-a", Token: 1}
 	return []variant{
 		{name: "unfenced_upsert", perOp: 1, op: func() error {
@@ -266,6 +273,15 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		{name: "user_tx_fenced", perOp: 1, op: func() error {
 			return mustAccept(e.fence.RunTx(ctx, txClaim, func(tx pgx.Tx) error {
 				_, err := tx.Exec(ctx, userUpsert, "bench-user-tx", "summary", content, "holder-a", 1)
+				return err
+			}))
+		}},
+		// user_tx_fenced_no_idle is user_tx_fenced without the
+		// idle-in-transaction timeout, whose setting is one more statement
+		// in BEGIN's round trip; its own scope, so both keep their fast path.
+		{name: "user_tx_fenced_no_idle", perOp: 1, op: func() error {
+			return mustAccept(e.fenceNoIdle.RunTx(ctx, txNoIdleClaim, func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, userUpsert, "bench-user-tx-noidle", "summary", content, "holder-a", 1)
 				return err
 			}))
 		}},
