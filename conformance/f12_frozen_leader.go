@@ -38,15 +38,7 @@ func caseF12(ctx context.Context, c *caseRun, h Harness) {
 	gran := c.traits.TTLGranularity
 	bound := ttl + renew + poll + gran + handoffSlack
 
-	// A's renew attempts may run until its local deadline (ttl - margin)
-	// instead of the default renew interval: the case is about a leader
-	// that is frozen, not one whose renewals are slow. With the default, a
-	// loaded machine's commit slower than the renew interval cancels the
-	// attempt, the next one must open a new connection first, and two
-	// such attempts in a row ended A's lead before the freeze (the Docker
-	// provider beside two CPU burners: 400 ms twice). A slow renewal that
-	// never answers still ends A's lead at its local deadline.
-	aRenewTimeout := ttl - margin
+	aRenewTimeout := frozenHolderRenewTimeout(ttl, margin)
 	a := c.startHolder(hp, KindFenced, "A")
 	aTerm1 := c.leadingLine("A's campaign is elected",
 		a.call(fmt.Sprintf("CAMPAIGN %s %s %v %v %v %v", leaseName, holderA, ttl, renew, margin, aRenewTimeout)))

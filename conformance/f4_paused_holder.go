@@ -20,6 +20,19 @@ const (
 	pausedRunning = 3000 * time.Millisecond
 )
 
+// frozenHolderRenewTimeout is the renew attempt timeout of a holder that
+// a case freezes while it holds (A in F4, F5 and F12): up to its local
+// deadline (ttl - margin) instead of the default renew interval. The cases
+// are about a holder that is frozen, not one whose renewals are slow; with
+// the default, a loaded machine's commit slower than the renew interval is
+// cancelled, the next attempt must open a new connection first, and two
+// such attempts in a row ended A's hold before the freeze (lib/pq behind
+// PgBouncer and the Docker provider, beside two CPU burners). A renewal
+// that never answers still ends the hold at the local deadline.
+func frozenHolderRenewTimeout(ttl, margin time.Duration) time.Duration {
+	return ttl - margin
+}
+
 // caseF4 is the main experiment: holder A, a separate OS process, passes
 // its pre-write check and is frozen with SIGSTOP right before writing; its
 // lease expires by the backend's clock; holder B, another process, takes
@@ -90,7 +103,8 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 
 	ttl := c.ttl(pausedTTL)
 	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.scale(pausedRunning, pausedTTL)
-	c.Notef("resource=%s; ttl=%v renew=%v margin=%v; holders are separate OS processes; A's renew attempt timeout %v", kind, ttl, renew, margin, ttl-margin)
+	aRenewTimeout := frozenHolderRenewTimeout(ttl, margin)
+	c.Notef("resource=%s; ttl=%v renew=%v margin=%v; holders are separate OS processes; A's renew attempt timeout %v", kind, ttl, renew, margin, aRenewTimeout)
 	// acquire is the holder's ACQUIRE command on n times the case's terms.
 	// B's part is to take over, write and show that the lease is B's. Its
 	// hold must outlast the round trips through its holder process between
@@ -101,13 +115,6 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	acquire := func(holder string, n time.Duration) string {
 		return fmt.Sprintf("ACQUIRE %s %s %v %v %v", leaseName, holder, n*ttl, n*renew, n*margin)
 	}
-	// A's renew attempts may run until its local deadline (ttl - margin)
-	// instead of the default renew interval: A must keep its lease while
-	// it runs, and with the default a loaded machine's commit slower than
-	// the renew interval is cancelled, the next attempt must open a new
-	// connection first, and two such attempts in a row lost A's lease
-	// before the freeze (lib/pq behind PgBouncer beside two CPU burners).
-	aRenewTimeout := ttl - margin
 
 	a := c.startHolder(hp, kind, "A")
 	tokA := c.acquiredLine("A acquires the lease", a.call(fmt.Sprintf("%s %v", acquire(holderA, 1), aRenewTimeout)), 0)

@@ -241,34 +241,48 @@ func (h *holderProcess) parseWrite(cmd, rest string) (leasecore.Write, error) {
 	return leasecore.Write{Scope: f[0], Part: f[1], Content: content, Writer: g.Holder, Token: g.Token}, nil
 }
 
-func (h *holderProcess) acquire(ctx context.Context, f []string) error {
-	if h.sess != nil || h.camp != nil {
-		return errors.New("already holding a session or campaigning")
-	}
+// terms are a session's terms as ACQUIRE and CAMPAIGN take them.
+type terms struct{ ttl, margin time.Duration }
+
+// parseTerms reads "<name> <holder> <ttl> <renew-interval> <margin>
+// [<renew-timeout>]" (the fields after cmd) and returns the terms and the
+// session options they give.
+func parseTerms(cmd string, f []string) (terms, []leasecore.SessionOption, error) {
 	if len(f) != 5 && len(f) != 6 {
-		return errors.New("want: ACQUIRE <name> <holder> <ttl> <renew-interval> <margin> [<renew-timeout>]")
+		return terms{}, nil, fmt.Errorf("want: %s <name> <holder> <ttl> <renew-interval> <margin> [<renew-timeout>]", cmd)
 	}
 	var d [4]time.Duration
 	for i, s := range f[2:] {
 		var err error
 		if d[i], err = time.ParseDuration(s); err != nil {
-			return err
+			return terms{}, nil, err
 		}
 	}
-	opts := []leasecore.SessionOption{leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2]),
-		leasecore.WithRenewObserver(func(ev leasecore.RenewEvent) {
-			if ev.Err != nil {
-				h.say("EVENT RENEWED ok=false %v", ev.Err)
-				return
-			}
-			// start: the wall clock when the renewal was sent, for the
-			// parent to freeze this process before the next one
-			// (freezeBetweenRenewals).
-			h.say("EVENT RENEWED ok=true token=%d start=%d", ev.Grant.Token, ev.Start.UnixNano())
-		})}
+	opts := []leasecore.SessionOption{leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2])}
 	if len(f) == 6 {
 		opts = append(opts, leasecore.WithRenewTimeout(d[3]))
 	}
+	return terms{ttl: d[0], margin: d[2]}, opts, nil
+}
+
+func (h *holderProcess) acquire(ctx context.Context, f []string) error {
+	if h.sess != nil || h.camp != nil {
+		return errors.New("already holding a session or campaigning")
+	}
+	_, opts, err := parseTerms("ACQUIRE", f)
+	if err != nil {
+		return err
+	}
+	opts = append(opts, leasecore.WithRenewObserver(func(ev leasecore.RenewEvent) {
+		if ev.Err != nil {
+			h.say("EVENT RENEWED ok=false %v", ev.Err)
+			return
+		}
+		// start: the wall clock when the renewal was sent, for the parent
+		// to freeze this process before the next one
+		// (freezeBetweenRenewals).
+		h.say("EVENT RENEWED ok=true token=%d start=%d", ev.Grant.Token, ev.Start.UnixNano())
+	}))
 	s, err := leasecore.NewSession(ctx, h.lease, f[0], f[1], opts...)
 	if errors.Is(err, leasecore.ErrHeld) {
 		h.say("NOT_ACQUIRED %v", err)
@@ -334,23 +348,13 @@ func (h *holderProcess) campaign(ctx context.Context, f []string) error {
 	if h.sess != nil || h.camp != nil {
 		return errors.New("already holding a session or campaigning")
 	}
-	if len(f) != 5 && len(f) != 6 {
-		return errors.New("want: CAMPAIGN <name> <holder> <ttl> <renew-interval> <margin> [<renew-timeout>]")
-	}
-	var d [4]time.Duration
-	for i, s := range f[2:] {
-		var err error
-		if d[i], err = time.ParseDuration(s); err != nil {
-			return err
-		}
-	}
-	sessOpts := []leasecore.SessionOption{leasecore.WithTTL(d[0]), leasecore.WithRenewInterval(d[1]), leasecore.WithMargin(d[2])}
-	if len(f) == 6 {
-		sessOpts = append(sessOpts, leasecore.WithRenewTimeout(d[3]))
+	t, sessOpts, err := parseTerms("CAMPAIGN", f)
+	if err != nil {
+		return err
 	}
 	n, lease := wrapNet(h.lease)
 	cctx, cancel := context.WithCancel(ctx)
-	hc := &holderCampaign{h: h, holder: f[1], ttl: d[0], margin: d[2], net: n, cancel: cancel,
+	hc := &holderCampaign{h: h, holder: f[1], ttl: t.ttl, margin: t.margin, net: n, cancel: cancel,
 		stepDown: make(chan struct{}),
 		terms:    make(chan holderTerm, 16), ends: make(chan holderLeadEnd, 16), done: make(chan struct{})}
 	h.camp = hc
