@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/leasefence/leasefence/leasecore"
 )
 
 // planNode is one node of an executed plan (EXPLAIN (ANALYZE, FORMAT
@@ -83,3 +85,71 @@ func renderPlan(nodes []planNode) string {
 
 // sqlLiteral quotes s as an SQL string literal.
 func sqlLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// skewPlanStatistics gives the planner wrong estimates for a holder's
+// names: 10,000 lease rows of 1,000 other holders without sessions, then
+// ANALYZE of the lease and session tables, before the holder's own names
+// arrive. The holder's rows are then estimated at about one, the state in
+// which a statement that joins its input to the lease table can be planned
+// as a nested loop over every pair.
+func skewPlanStatistics(t *testing.T, f *fixture) {
+	t.Helper()
+	ctx := t.Context()
+	for _, stmt := range []string{`INSERT INTO leasefence.lease (name, holder, token, expires_at)
+		SELECT format('plan-other-%s', g), format('plan-other-holder-%s', g % 1000), 1, now() + interval '1 hour'
+		  FROM generate_series(1, 10000) AS g`,
+		`ANALYZE leasefence.lease`, `ANALYZE leasefence.holder_session`} {
+		if _, err := f.leaseDB.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// checkLooksUpEachName prepares stmt, a RenewAll statement taking
+// (holder text, grants json), runs it for gs through EXPLAIN ANALYZE with
+// custom and generic plans, and fails unless every name is looked up
+// through the lease table's primary key and no node discards more rows by
+// a join filter than there are grants. EXPLAIN ANALYZE runs the statement:
+// the grants are renewed again.
+func checkLooksUpEachName(t *testing.T, f *fixture, stmt string, gs []leasecore.Grant) {
+	t.Helper()
+	ctx := t.Context()
+	type input struct {
+		Name  string `json:"name"`
+		Token int64  `json:"token"`
+		TTL   int64  `json:"ttl_us"`
+	}
+	in := make([]input, len(gs))
+	for i, g := range gs {
+		in[i] = input{g.Name, int64(g.Token), g.TTL.Microseconds()}
+	}
+	js, err := json.Marshal(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, f.leaseDSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, `PREPARE renew_all(text, json) AS `+stmt); err != nil {
+		t.Fatal(err)
+	}
+	n := int64(len(gs))
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		plan := executedPlan(t, conn, mode, `renew_all(`+sqlLiteral(gs[0].Holder)+`, `+sqlLiteral(string(js))+`)`)
+		byName := false
+		for _, node := range plan {
+			if node.JoinFilterRemoved > n {
+				t.Fatalf("%s: a join filter discarded %d rows for %d names: the plan compares names pairwise\n%s",
+					mode, node.JoinFilterRemoved, n, renderPlan(plan))
+			}
+			if node.Relation == "lease" && strings.HasPrefix(node.IndexCond, "(name = ") && node.Loops >= n {
+				byName = true
+			}
+		}
+		if !byName {
+			t.Fatalf("%s: the plan does not look each name up through the primary key\n%s", mode, renderPlan(plan))
+		}
+	}
+}
