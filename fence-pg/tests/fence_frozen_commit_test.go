@@ -6,14 +6,12 @@ import (
 	"bufio"
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
+	"github.com/leasefence/leasefence/fence-pg/internal/commitgap"
 	"github.com/leasefence/leasefence/fence-pg/pgconformance/pgopen"
 	"github.com/leasefence/leasefence/leasecore"
 )
@@ -39,7 +38,7 @@ func init() {
 }
 
 type commitPauseSpec struct {
-	SQLDriver, DSN string        // the database/sql driver A's pool wraps
+	SQLDriver, DSN string        // A's database/sql driver
 	Idle           time.Duration // A's idle-in-transaction timeout
 }
 
@@ -47,23 +46,21 @@ type commitPauseSpec struct {
 const commitPauseScope = "frozen-commit"
 
 // commitPauseHolderMain is holder A: it advances the scope to token 1,
-// then runs FenceDB.RunTx with token 1 on a pool whose driver pauses the
-// fenced transaction's Commit (commitPause). A prints
-// "BEFORE_COMMIT <backend pid>" once RunTx's comparison has returned and
-// before the COMMIT is sent, waits for a line on stdin (the parent freezes
-// it there), then prints the outcome of RunTx.
+// then runs FenceDB.RunTx with token 1 and a context carrying
+// commitgap.WithPause, which FenceDB runs between its comparison and its
+// COMMIT. The pause prints "BEFORE_COMMIT <backend pid>" and waits for a
+// line on stdin (the parent freezes A there); then A prints the outcome
+// of RunTx.
 func commitPauseHolderMain() int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "holder A:", err); return 1 }
 	var spec commitPauseSpec
 	if err := json.Unmarshal([]byte(os.Getenv(commitPauseEnv)), &spec); err != nil {
 		return fail(err)
 	}
-	ctx := context.Background()
-	connector, err := newPauseConnector(spec.SQLDriver, spec.DSN)
+	db, err := sql.Open(spec.SQLDriver, spec.DSN)
 	if err != nil {
 		return fail(err)
 	}
-	db := sql.OpenDB(connector)
 	defer db.Close()
 	db.SetMaxOpenConns(2)
 	fence, err := fencepg.NewFenceDB(db, fencepg.WithTimeouts(0, spec.Idle))
@@ -71,10 +68,15 @@ func commitPauseHolderMain() int {
 		return fail(err)
 	}
 	c := leasecore.Claim{Scope: commitPauseScope, Writer: "holder-a", Token: 1}
-	if res, err := fence.Advance(ctx, c); err != nil || !res.Accepted {
+	if res, err := fence.Advance(context.Background(), c); err != nil || !res.Accepted {
 		return fail(fmt.Errorf("advance: %+v %v", res, err))
 	}
-	pause := connector.pause
+	var backend int
+	stdin := bufio.NewScanner(os.Stdin)
+	ctx := commitgap.WithPause(context.Background(), func() {
+		fmt.Printf("BEFORE_COMMIT %d\n", backend)
+		stdin.Scan()
+	})
 	res, err := fence.RunTx(ctx, c, func(tx *sql.Tx) error {
 		if _, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), 100); err != nil {
 			return err
@@ -82,168 +84,10 @@ func commitPauseHolderMain() int {
 		if _, err := tx.ExecContext(ctx, upsertLine, c.Scope, 1, 100); err != nil {
 			return err
 		}
-		if err := tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&pause.backend); err != nil {
-			return err
-		}
-		// Only this transaction's Commit pauses: RunTx's comparison runs
-		// after fn returns, before that Commit.
-		pause.armed.Store(true)
-		return nil
+		return tx.QueryRowContext(ctx, `SELECT pg_backend_pid()`).Scan(&backend)
 	})
 	fmt.Printf("RESULT accepted=%t floor=%d unavailable=%t err=%v\n", res.Accepted, res.Floor, errors.Is(err, leasecore.ErrUnavailable), err)
 	return 0
-}
-
-// commitPause holds an armed transaction's Commit until a line arrives
-// on stdin.
-type commitPause struct {
-	armed   atomic.Bool
-	backend int // the armed transaction's backend pid
-	stdin   *bufio.Scanner
-}
-
-func (p *commitPause) beforeCommit() {
-	if p.armed.CompareAndSwap(true, false) {
-		fmt.Printf("BEFORE_COMMIT %d\n", p.backend)
-		p.stdin.Scan()
-	}
-}
-
-// pauseConnector is the real driver's connector with each connection
-// wrapped (pauseConn); sql.OpenDB takes it, so nothing is registered.
-type pauseConnector struct {
-	driver.Connector
-	pause *commitPause
-}
-
-func newPauseConnector(sqlDriver, dsn string) (*pauseConnector, error) {
-	db, err := sql.Open(sqlDriver, dsn) // connects to nothing: finds the driver
-	if err != nil {
-		return nil, err
-	}
-	drv := db.Driver()
-	_ = db.Close()
-	var inner driver.Connector = dsnConnector{drv, dsn} // lib/pq's Driver has no OpenConnector
-	if dc, ok := drv.(driver.DriverContext); ok {
-		if inner, err = dc.OpenConnector(dsn); err != nil {
-			return nil, err
-		}
-	}
-	return &pauseConnector{inner, &commitPause{stdin: bufio.NewScanner(os.Stdin)}}, nil
-}
-
-// dsnConnector is what database/sql uses for a driver without
-// OpenConnector.
-type dsnConnector struct {
-	drv driver.Driver
-	dsn string
-}
-
-func (c dsnConnector) Connect(context.Context) (driver.Conn, error) { return c.drv.Open(c.dsn) }
-func (c dsnConnector) Driver() driver.Driver                        { return c.drv }
-
-func (c *pauseConnector) Connect(ctx context.Context) (driver.Conn, error) {
-	conn, err := c.Connector.Connect(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return &pauseConn{conn, c.pause}, nil
-}
-
-// pauseConn passes everything on to the real connection but wraps its
-// transactions (pauseTx). It offers every optional interface database/sql
-// asks a connection for, answering as database/sql itself does when the
-// real one lacks it, so the statements go out as they would unwrapped.
-type pauseConn struct {
-	driver.Conn
-	pause *commitPause
-}
-
-var (
-	_ driver.ConnBeginTx        = (*pauseConn)(nil)
-	_ driver.ConnPrepareContext = (*pauseConn)(nil)
-	_ driver.QueryerContext     = (*pauseConn)(nil)
-	_ driver.ExecerContext      = (*pauseConn)(nil)
-	_ driver.Pinger             = (*pauseConn)(nil)
-	_ driver.SessionResetter    = (*pauseConn)(nil)
-	_ driver.Validator          = (*pauseConn)(nil)
-	_ driver.NamedValueChecker  = (*pauseConn)(nil)
-)
-
-func (c *pauseConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	b, ok := c.Conn.(driver.ConnBeginTx)
-	if !ok {
-		return nil, errors.New("pauseConn: the driver has no BeginTx")
-	}
-	tx, err := b.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return pauseTx{tx, c.pause}, nil
-}
-
-func (c *pauseConn) Begin() (driver.Tx, error) {
-	return c.BeginTx(context.Background(), driver.TxOptions{})
-}
-
-func (c *pauseConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	if p, ok := c.Conn.(driver.ConnPrepareContext); ok {
-		return p.PrepareContext(ctx, query)
-	}
-	return c.Conn.Prepare(query)
-}
-
-func (c *pauseConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if q, ok := c.Conn.(driver.QueryerContext); ok {
-		return q.QueryContext(ctx, query, args)
-	}
-	return nil, driver.ErrSkip
-}
-
-func (c *pauseConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if e, ok := c.Conn.(driver.ExecerContext); ok {
-		return e.ExecContext(ctx, query, args)
-	}
-	return nil, driver.ErrSkip
-}
-
-func (c *pauseConn) Ping(ctx context.Context) error {
-	if p, ok := c.Conn.(driver.Pinger); ok {
-		return p.Ping(ctx)
-	}
-	return nil
-}
-
-func (c *pauseConn) ResetSession(ctx context.Context) error {
-	if r, ok := c.Conn.(driver.SessionResetter); ok {
-		return r.ResetSession(ctx)
-	}
-	return nil
-}
-
-func (c *pauseConn) IsValid() bool {
-	if v, ok := c.Conn.(driver.Validator); ok {
-		return v.IsValid()
-	}
-	return true
-}
-
-func (c *pauseConn) CheckNamedValue(nv *driver.NamedValue) error {
-	if n, ok := c.Conn.(driver.NamedValueChecker); ok {
-		return n.CheckNamedValue(nv)
-	}
-	return driver.ErrSkip
-}
-
-// pauseTx is the real transaction whose Commit first passes the pause.
-type pauseTx struct {
-	driver.Tx
-	pause *commitPause
-}
-
-func (tx pauseTx) Commit() error {
-	tx.pause.beforeCommit()
-	return tx.Tx.Commit()
 }
 
 // commitPauseIdle is A's idle-in-transaction timeout: long enough that B
@@ -254,8 +98,8 @@ const commitPauseIdle = 2 * time.Second
 // TestFenceSQLFrozenBetweenCompareAndCommit: on database/sql the fenced
 // transaction's comparison and its COMMIT are two round trips (FenceDB.RunTx;
 // FenceDB.Commit alike), and the comparison share-locks the scope's floor
-// row until COMMIT. Holder A, a process of its own whose driver holds the
-// COMMIT back (pauseConn), is frozen with SIGSTOP right after the
+// row until COMMIT. Holder A, a process of its own that pauses between the
+// comparison and the COMMIT (commitgap.WithPause), is frozen with SIGSTOP right after the
 // comparison returned: its session is idle in transaction, holding the
 // lock. Holder B's Advance with a newer token then waits for A — it has
 // not returned idle/2 after it started, and pg_stat_activity shows it
@@ -273,7 +117,7 @@ func TestFenceSQLFrozenBetweenCompareAndCommit(t *testing.T) {
 
 func frozenBetweenCompareAndCommit(t *testing.T, sqlDriver string, idle time.Duration) {
 	// B's fence and the checks use lib/pq: B's driver does not matter, A's
-	// (the wrapped one) does.
+	// does.
 	f := newFenceFixture(t, pgopen.Libpq)
 	ctx, cancel := context.WithTimeout(context.Background(), idle+30*time.Second)
 	t.Cleanup(cancel)
