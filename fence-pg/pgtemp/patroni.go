@@ -1,0 +1,805 @@
+//go:build unix
+
+package pgtemp
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// patroniHint is what a user without Patroni needs to read.
+const patroniHint = "Debian/Ubuntu: apt-get install -y patroni etcd-server (as root; the tests start their own processes, " +
+	"the packaged services need not run); or set LEASEFENCE_PATRONI and LEASEFENCE_ETCD to the programs"
+
+// The three members of a PatroniCluster, each on a loopback address of its own, as three hosts of
+// one subnet would be: PostgreSQL and Patroni's REST API of member i listen on 127.0.0.(i+1).
+var patroniHosts = [...]string{"127.0.0.1", "127.0.0.2", "127.0.0.3"}
+
+// patroniTiming is the Patroni configuration that decides how fast a failover happens: the
+// leader key lives ttl seconds without a renewal, a member runs its loop every loop_wait seconds,
+// and gives up on etcd or PostgreSQL after retry_timeout. Patroni's defaults are 30, 10 and 10;
+// these keep a failover (the ttl, then one loop) near 10 s, as a tuned production cluster would.
+// loop_wait + 2*retry_timeout stays below ttl, the rule Patroni's documentation gives.
+const (
+	patroniTTL          = 10
+	patroniLoopWait     = 1
+	patroniRetryTimeout = 4
+)
+
+// patroniStartTimeout bounds StartPatroni: a member's initdb, two base backups and the sync
+// standby's election take about 10 s on a quiet machine and up to a minute on a busy one.
+const patroniStartTimeout = 3 * time.Minute
+
+// PatroniCluster is three PostgreSQL members managed by Patroni (the HA manager that decides
+// whom to promote, rewinds a failed primary and brings it back), with an etcd server of its own
+// as Patroni's store of leader keys. Member i listens on 127.0.0.(i+1); etcd on 127.0.0.1; every
+// port is picked free. As root, PostgreSQL and Patroni run as the OS user postgres. Patroni and
+// PostgreSQL start with a clean environment (PATH, HOME and LC_ALL only): an inherited PGPASSWORD
+// or PGHOST would steer Patroni's own connections (pg_basebackup's, pg_rewind's).
+//
+// Durability stays on (fsync, synchronous_commit=on). Synchronous: Patroni's synchronous_mode is
+// on (not strict), so Patroni names one replica in synchronous_standby_names and promotes no
+// member that is not that synchronous standby. Asynchronous: synchronous_mode is off and Patroni
+// promotes a replica whose last published lag is within maximum_lag_on_failover (Patroni's
+// default, 1 MiB).
+//
+// Clients reach the primary as users do, by asking Patroni who leads ([PatroniCluster.Leader],
+// the REST API's /cluster) or with a multi-host DSN ([PatroniCluster.DSN],
+// target_session_attrs=read-write).
+//
+// A failover in a test:
+//
+//	pc, err := pgtemp.StartPatroni(ctx, true)
+//	defer pc.Stop()
+//	old, err := pc.Leader(ctx)
+//	// ... commits on old.DSN("postgres") ...
+//	err = pc.KillMember(old)               // SIGKILL to its Patroni and its PostgreSQL: the host is gone
+//	next, err := pc.WaitLeader(ctx, old)   // Patroni promotes a replica once the leader key expires
+//	// ... next.DSN("postgres") serves writes ...
+//
+// Its methods are safe for concurrent use.
+type PatroniCluster struct {
+	dir         string
+	synchronous bool
+	scope       string
+	bins        binaries
+	patroni     string
+	version     string
+	user        *osUser
+
+	etcd     *exec.Cmd
+	etcdURL  string
+	etcdDone chan struct{}
+
+	logMu sync.Mutex
+	log   io.Writer
+
+	mu      sync.Mutex
+	members [len(patroniHosts)]*patroniMember
+	held    []int // the walsenders HoldBackReplicas stopped, until a kill or Stop
+	stopped bool
+	stopErr error
+}
+
+type patroniMember struct {
+	PatroniMember
+	api     string // Patroni's REST API, host:port
+	dir     string
+	dataDir string
+	config  string
+
+	cmd  *exec.Cmd // nil once killed or stopped
+	done chan struct{}
+}
+
+// StartPatroni starts an etcd server and three Patroni members, and returns once one leads and
+// both others stream from it (synchronous: one of them as Patroni's synchronous standby, in the
+// leader's pg_stat_replication with sync_state 'sync'). ctx bounds the start only (at most three
+// minutes). On error nothing is left running and no files are left behind. WithBinDir and
+// WithLog apply; WithPort, WithSetting, WithDocker and the security options do not.
+func StartPatroni(ctx context.Context, synchronous bool, opts ...Option) (_ *PatroniCluster, err error) {
+	cfg := config{log: io.Discard}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	switch {
+	case cfg.port != 0:
+		return nil, fmt.Errorf("pgtemp: StartPatroni: WithPort(%d): a Patroni cluster's ports are picked free: %w", cfg.port, ErrInvalidOption)
+	case len(cfg.settings) > 0:
+		return nil, fmt.Errorf("pgtemp: StartPatroni: WithSetting(%q): Patroni owns the servers' settings: %w", cfg.settings[0].name, ErrInvalidOption)
+	case cfg.docker:
+		return nil, &sentinelError{sentinel: ErrNotSupported, msg: "pgtemp: StartPatroni: WithDocker: a Patroni cluster runs local binaries only"}
+	}
+	if err := cfg.refuseSecurity("StartPatroni"); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("pgtemp: StartPatroni: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, patroniStartTimeout)
+	defer cancel()
+	t0 := time.Now()
+
+	pc := &PatroniCluster{synchronous: synchronous, log: cfg.log, scope: "pgtemp"}
+	if pc.bins, err = findBinaries(ctx, cfg.binDir); err != nil {
+		return nil, err
+	}
+	patroniBin, err1 := findProgram("LEASEFENCE_PATRONI", "patroni")
+	etcdBin, err2 := findProgram("LEASEFENCE_ETCD", "etcd")
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	pc.patroni = patroniBin
+	out, err := exec.CommandContext(ctx, patroniBin, "--version").Output()
+	if err != nil {
+		return nil, fmt.Errorf("pgtemp: %s --version: %w", patroniBin, err)
+	}
+	pc.version = strings.TrimSpace(string(out)) // "patroni 3.0.2"
+	if pc.user, err = serverUser(); err != nil {
+		return nil, err
+	}
+	if pc.dir, err = makeTempDir(); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = pc.Stop()
+		}
+	}()
+	if err := pc.startEtcd(ctx, etcdBin); err != nil {
+		return nil, err
+	}
+	for i, host := range patroniHosts {
+		m, err := pc.newMember(i, host)
+		if err != nil {
+			return nil, err
+		}
+		pc.members[i] = m
+	}
+	if pc.user != nil {
+		// The members' directories are the server user's; etcd's stays ours.
+		if err := os.Chown(pc.dir, int(pc.user.uid), int(pc.user.gid)); err != nil {
+			return nil, fmt.Errorf("pgtemp: %w", err)
+		}
+		if err := checkTraversable(pc.dir, pc.user); err != nil {
+			return nil, err
+		}
+		for _, m := range pc.members {
+			if err := chownTree(m.dir, pc.user); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for _, m := range pc.members {
+		if err := pc.spawn(m); err != nil {
+			return nil, err
+		}
+	}
+	if err := pc.waitHealthy(ctx); err != nil {
+		return nil, err
+	}
+	l, _ := pc.Leader(ctx)
+	pc.logf("Patroni cluster started in %.1fs: leader %s, %s replication, etcd %s", time.Since(t0).Seconds(), l, pc.mode(), pc.etcdURL)
+	return pc, nil
+}
+
+func (pc *PatroniCluster) mode() string {
+	if pc.synchronous {
+		return "synchronous"
+	}
+	return "asynchronous"
+}
+
+// findProgram looks for a program: the environment variable env names it, else PATH, else
+// /usr/bin and /usr/sbin.
+func findProgram(env, name string) (string, error) {
+	if p := os.Getenv(env); p != "" {
+		if isExecutable(p) {
+			return p, nil
+		}
+		return "", fmt.Errorf("pgtemp: %s=%s is not an executable file (%s): %w", env, p, patroniHint, ErrNoPatroni)
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/bin", "/usr/sbin", "/usr/local/bin"} {
+		if p := filepath.Join(dir, name); isExecutable(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("pgtemp: the %s program was not found on PATH or in /usr/bin (%s): %w", name, patroniHint, ErrNoPatroni)
+}
+
+func chownTree(dir string, u *osUser) error {
+	return filepath.WalkDir(dir, func(path string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(path, int(u.uid), int(u.gid))
+	})
+}
+
+// freePortOn picks a free TCP port on host.
+func freePortOn(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	if err != nil {
+		return 0, fmt.Errorf("pgtemp: picking a free port on %s: %w", host, err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// startEtcd starts the etcd server Patroni keeps its leader key in, on 127.0.0.1, with its WAL
+// fsynced as always (etcd has no switch to turn that off that this package would use).
+func (pc *PatroniCluster) startEtcd(ctx context.Context, bin string) error {
+	client, err1 := freePortOn(loopback)
+	peer, err2 := freePortOn(loopback)
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
+	pc.etcdURL = fmt.Sprintf("http://%s:%d", loopback, client)
+	peerURL := fmt.Sprintf("http://%s:%d", loopback, peer)
+	logf, err := os.Create(filepath.Join(pc.dir, "etcd.log"))
+	if err != nil {
+		return fmt.Errorf("pgtemp: %w", err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "--name", "dcs", "--data-dir", filepath.Join(pc.dir, "etcd"),
+		"--listen-client-urls", pc.etcdURL, "--advertise-client-urls", pc.etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "dcs="+peerURL, "--initial-cluster-state", "new")
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + pc.dir, "LC_ALL=C"}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = procAttr(nil, syscall.SIGKILL)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("pgtemp: starting etcd: %w", err)
+	}
+	pc.etcd, pc.etcdDone = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); close(pc.etcdDone) }()
+	for {
+		var health struct{ Health string }
+		if err := getJSON(ctx, pc.etcdURL+"/health", &health); err == nil && health.Health == "true" {
+			return nil
+		}
+		select {
+		case <-pc.etcdDone:
+			return fmt.Errorf("pgtemp: etcd exited at start: %s", lastLines(readFile(filepath.Join(pc.dir, "etcd.log")), 20))
+		case <-ctx.Done():
+			return fmt.Errorf("pgtemp: etcd did not answer on %s: %w", pc.etcdURL, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func readFile(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(cannot read %s: %v)", path, err)
+	}
+	return string(b)
+}
+
+// newMember writes member i's directory and Patroni configuration.
+func (pc *PatroniCluster) newMember(i int, host string) (*patroniMember, error) {
+	pgPort, err1 := freePortOn(host)
+	apiPort, err2 := freePortOn(host)
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	m := &patroniMember{PatroniMember: PatroniMember{Name: fmt.Sprintf("pg%d", i+1), Host: host, Port: pgPort}}
+	m.api = net.JoinHostPort(host, strconv.Itoa(apiPort))
+	m.dir = filepath.Join(pc.dir, m.Name)
+	m.dataDir = filepath.Join(m.dir, "data")
+	m.config = filepath.Join(m.dir, "patroni.yml")
+	if err := os.MkdirAll(filepath.Join(m.dir, "log"), 0o700); err != nil {
+		return nil, fmt.Errorf("pgtemp: %w", err)
+	}
+	if err := os.WriteFile(m.config, []byte(pc.patroniConfig(m)), 0o600); err != nil {
+		return nil, fmt.Errorf("pgtemp: %w", err)
+	}
+	return m, nil
+}
+
+// patroniConfig is member m's patroni.yml. Everything is trusted on 127.0.0.0/8: the cluster is
+// a throwaway one on loopback, as every pgtemp cluster. The bootstrap section is what the first
+// member writes into etcd for all of them (the "dynamic configuration").
+func (pc *PatroniCluster) patroniConfig(m *patroniMember) string {
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) } // a YAML-safe quoted string
+	return fmt.Sprintf(`scope: %[1]s
+name: %[2]s
+log:
+  dir: %[3]s
+  level: INFO
+restapi:
+  listen: %[4]s
+  connect_address: %[4]s
+etcd3:
+  hosts: %[5]s
+bootstrap:
+  dcs:
+    ttl: %[6]d
+    loop_wait: %[7]d
+    retry_timeout: %[8]d
+    maximum_lag_on_failover: 1048576
+    synchronous_mode: %[9]t
+    synchronous_mode_strict: false
+    postgresql:
+      use_pg_rewind: true
+      use_slots: true
+      parameters:
+        wal_level: replica
+        wal_log_hints: 'on'
+        max_wal_senders: 10
+        max_replication_slots: 10
+        fsync: 'on'
+        synchronous_commit: 'on'
+        full_page_writes: 'on'
+  initdb:
+  - encoding: UTF8
+  - locale: C
+  - auth-local: trust
+  - auth-host: trust
+  pg_hba:
+  - host replication replicator 127.0.0.0/8 trust
+  - host all all 127.0.0.0/8 trust
+postgresql:
+  listen: %[10]s
+  connect_address: %[10]s
+  data_dir: %[11]s
+  bin_dir: %[12]s
+  pgpass: %[13]s
+  authentication:
+    replication: {username: replicator, password: replicator}
+    superuser: {username: %[14]s, password: %[14]s}
+    rewind: {username: rewinder, password: rewinder}
+  parameters:
+    unix_socket_directories: %[15]s
+    logging_collector: 'on'
+    log_directory: %[16]s
+    log_filename: postgresql.log
+`, pc.scope, m.Name, q(filepath.Join(m.dir, "log")), m.api, strings.TrimPrefix(pc.etcdURL, "http://"),
+		patroniTTL, patroniLoopWait, patroniRetryTimeout, pc.synchronous,
+		net.JoinHostPort(m.Host, strconv.Itoa(m.Port)), q(m.dataDir), q(pc.bins.dir), q(filepath.Join(m.dir, "pgpass")),
+		superuser, q(m.dir), q(filepath.Join(m.dir, "log")))
+}
+
+// spawn starts m's Patroni, which starts (and, the first time, creates) its PostgreSQL.
+func (pc *PatroniCluster) spawn(m *patroniMember) error {
+	out, err := os.OpenFile(filepath.Join(m.dir, "log", "patroni.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("pgtemp: %w", err)
+	}
+	defer out.Close()
+	cmd := exec.Command(pc.patroni, m.config)
+	cmd.Dir = m.dir
+	// A clean environment: see PatroniCluster.
+	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + m.dir, "LC_ALL=C"}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = procAttr(pc.user, syscall.SIGKILL)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("pgtemp: starting Patroni for %s: %w", m.Name, err)
+	}
+	m.cmd, m.done = cmd, make(chan struct{})
+	done := m.done
+	go func() { _ = cmd.Wait(); close(done) }()
+	return nil
+}
+
+// patroniView is what Patroni's REST API says about the cluster (GET /cluster).
+type patroniView struct {
+	Members []struct {
+		Name     string `json:"name"`
+		Role     string `json:"role"` // leader, replica, sync_standby
+		State    string `json:"state"`
+		Timeline int    `json:"timeline"`
+	} `json:"members"`
+}
+
+func getJSON(ctx context.Context, url string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s: %s", url, resp.Status, bytes.TrimSpace(body))
+	}
+	return json.Unmarshal(body, v)
+}
+
+// view asks the live members' REST APIs in turn for the cluster and returns the first answer.
+func (pc *PatroniCluster) view(ctx context.Context) (patroniView, error) {
+	var errs []error
+	for _, m := range pc.liveMembers() {
+		var v patroniView
+		err := getJSON(ctx, "http://"+m.api+"/cluster", &v)
+		if err == nil {
+			return v, nil
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return patroniView{}, errors.New("no member is running")
+	}
+	return patroniView{}, errors.Join(errs...)
+}
+
+func (pc *PatroniCluster) liveMembers() []*patroniMember {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	var live []*patroniMember
+	for _, m := range pc.members {
+		if m != nil && m.cmd != nil {
+			live = append(live, m)
+		}
+	}
+	return live
+}
+
+func (pc *PatroniCluster) member(name string) *patroniMember {
+	for _, m := range pc.members {
+		if m != nil && m.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// Members returns the three members, in order.
+func (pc *PatroniCluster) Members() []PatroniMember {
+	var ms []PatroniMember
+	for _, m := range pc.members {
+		ms = append(ms, m.PatroniMember)
+	}
+	return ms
+}
+
+// Version is what the patroni program says of itself: "patroni 3.0.2".
+func (pc *PatroniCluster) Version() string { return pc.version }
+
+// Synchronous reports whether Patroni's synchronous_mode is on.
+func (pc *PatroniCluster) Synchronous() bool { return pc.synchronous }
+
+// DSN returns a multi-host postgres:// URL of database that connects to whichever member
+// accepts writes (target_session_attrs=read-write), trying the members in order: how an
+// application that knows the cluster's hosts reaches its primary without a proxy (pgx
+// understands it).
+func (pc *PatroniCluster) DSN(database string) string {
+	var hosts []string
+	for _, m := range pc.members {
+		hosts = append(hosts, net.JoinHostPort(m.Host, strconv.Itoa(m.Port)))
+	}
+	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+		superuser, strings.Join(hosts, ","), database)
+}
+
+// Leader returns the member Patroni names leader, once its PostgreSQL accepts a write.
+func (pc *PatroniCluster) Leader(ctx context.Context) (PatroniMember, error) {
+	return pc.WaitLeader(ctx, PatroniMember{})
+}
+
+// WaitLeader waits until Patroni names a leader other than not (the zero PatroniMember: any)
+// and its PostgreSQL commits a transaction that takes a transaction id, and returns it. It waits
+// until ctx ends.
+func (pc *PatroniCluster) WaitLeader(ctx context.Context, not PatroniMember) (PatroniMember, error) {
+	var last error
+	for {
+		m, err := pc.writableLeader(ctx)
+		switch {
+		case err != nil:
+			last = err
+		case m.Name == not.Name:
+			last = fmt.Errorf("%s still leads", m.Name)
+		default:
+			return m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return PatroniMember{}, fmt.Errorf("pgtemp: waiting for a Patroni leader: %w (last: %v)", ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (pc *PatroniCluster) writableLeader(ctx context.Context) (PatroniMember, error) {
+	v, err := pc.view(ctx)
+	if err != nil {
+		return PatroniMember{}, err
+	}
+	for _, vm := range v.Members {
+		if vm.Role != "leader" || vm.State != "running" {
+			continue
+		}
+		m := pc.member(vm.Name)
+		if m == nil {
+			return PatroniMember{}, fmt.Errorf("Patroni names an unknown leader %q", vm.Name)
+		}
+		if err := commitOn(ctx, m.DSN(maintenanceDB)); err != nil {
+			return PatroniMember{}, fmt.Errorf("leader %s: %w", m.Name, err)
+		}
+		return m.PatroniMember, nil
+	}
+	return PatroniMember{}, errors.New("Patroni names no running leader")
+}
+
+// commitOn commits a transaction that takes a transaction id (a standby refuses it).
+func commitOn(ctx context.Context, dsn string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	_, err = conn.Exec(ctx, "SELECT txid_current()")
+	return err
+}
+
+// waitHealthy waits until a leader accepts writes and both other members stream from it, one of
+// them as the synchronous standby in synchronous mode.
+func (pc *PatroniCluster) waitHealthy(ctx context.Context) error {
+	var last error
+	for {
+		last = pc.healthy(ctx)
+		if last == nil {
+			return nil
+		}
+		for _, m := range pc.members {
+			select {
+			case <-m.done:
+				return fmt.Errorf("pgtemp: Patroni of %s exited at start: %s", m.Name, lastLines(readFile(filepath.Join(m.dir, "log", "patroni.out")), 20))
+			default:
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("pgtemp: the Patroni cluster did not become healthy: %w (last: %v)\n%s", ctx.Err(), last, pc.logTails())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+func (pc *PatroniCluster) healthy(ctx context.Context) error {
+	l, err := pc.writableLeader(ctx)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, l.DSN(maintenanceDB))
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var streaming, sync int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'streaming'), count(*) FILTER (WHERE sync_state = 'sync')
+		FROM pg_stat_replication`).Scan(&streaming, &sync); err != nil {
+		return err
+	}
+	if streaming != len(pc.members)-1 {
+		return fmt.Errorf("%d of %d replicas stream from the leader %s", streaming, len(pc.members)-1, l.Name)
+	}
+	if pc.synchronous && sync != 1 {
+		return fmt.Errorf("no synchronous standby yet (%d in sync_state 'sync')", sync)
+	}
+	return nil
+}
+
+// logTails is the end of every member's Patroni output, for a start that failed.
+func (pc *PatroniCluster) logTails() string {
+	var b strings.Builder
+	for _, m := range pc.members {
+		if m != nil {
+			fmt.Fprintf(&b, "--- %s patroni:\n%s\n", m.Name, lastLines(readFile(filepath.Join(m.dir, "log", "patroni.out")), 10))
+		}
+	}
+	return b.String()
+}
+
+// CreateDatabase creates database name on the leader; replicas receive it by replication.
+func (pc *PatroniCluster) CreateDatabase(ctx context.Context, name string) error {
+	l, err := pc.Leader(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, l.DSN(maintenanceDB))
+	if err != nil {
+		return fmt.Errorf("pgtemp: CreateDatabase %s: %w", name, err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("pgtemp: CreateDatabase %s: %w", name, err)
+	}
+	return nil
+}
+
+// HoldBackReplicas waits until every replica has replayed the leader's current WAL position, then
+// stops the leader's WAL senders with SIGSTOP: from then on the leader acknowledges commits its
+// replicas never receive, and their Patroni sees them as current as the leader's last published
+// position, up to loop_wait old. It returns that position. In synchronous mode it returns an error
+// wrapping ErrNotSupported: a synchronous standby held back would hold every commit. The WAL
+// senders stay stopped until the leader is killed or the cluster stopped.
+func (pc *PatroniCluster) HoldBackReplicas(ctx context.Context) (lsn string, err error) {
+	if pc.synchronous {
+		return "", &sentinelError{sentinel: ErrNotSupported,
+			msg: "pgtemp: HoldBackReplicas: a synchronous standby held back would hold every commit of the leader"}
+	}
+	l, err := pc.Leader(ctx)
+	if err != nil {
+		return "", err
+	}
+	conn, err := pgx.Connect(ctx, l.DSN(maintenanceDB))
+	if err != nil {
+		return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
+	}
+	for {
+		var pids []int
+		var behind int
+		if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid), '{}'), count(*) FILTER (WHERE replay_lsn IS NULL OR replay_lsn < $1::pg_lsn)
+			FROM pg_stat_replication`, lsn).Scan(&pids, &behind); err != nil {
+			return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
+		}
+		if behind == 0 && len(pids) == len(pc.members)-1 {
+			pc.mu.Lock()
+			defer pc.mu.Unlock()
+			for _, pid := range pids {
+				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+					_ = signalAll(pc.held, syscall.SIGCONT)
+					pc.held = nil
+					return "", fmt.Errorf("pgtemp: HoldBackReplicas: SIGSTOP to WAL sender %d: %w", pid, err)
+				}
+				pc.held = append(pc.held, pid)
+			}
+			pc.logf("Patroni: %s's WAL senders %v stopped at %s", l.Name, pids, lsn)
+			return lsn, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("pgtemp: HoldBackReplicas: replicas did not replay %s: %w", lsn, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// KillMember crashes m's host: SIGKILL to its Patroni, then to every process of its PostgreSQL
+// (the postmaster's process group: Patroni starts it in a session of its own). Nothing is flushed
+// and nothing is shut down; Patroni's leader key, if m held it, expires after its TTL.
+func (pc *PatroniCluster) KillMember(m PatroniMember) error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pm := pc.member(m.Name)
+	if pm == nil {
+		return fmt.Errorf("pgtemp: KillMember: no member %q: %w", m.Name, ErrInvalidOption)
+	}
+	if pm.cmd == nil {
+		return fmt.Errorf("pgtemp: KillMember: %s is not running", m.Name)
+	}
+	_ = pm.cmd.Process.Signal(syscall.SIGKILL)
+	<-pm.done
+	pm.cmd = nil
+	err := killPostmasterGroup(pm.dataDir)
+	pc.held = nil // the WAL senders were the leader's; dead now, or never stopped on this member
+	pc.logf("Patroni: %s killed (SIGKILL to Patroni and PostgreSQL)", m.Name)
+	return err
+}
+
+// killPostmasterGroup SIGKILLs the process group of the postmaster whose pid dataDir's
+// postmaster.pid names, and waits until the postmaster is gone.
+func killPostmasterGroup(dataDir string) error {
+	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // not running
+	}
+	if err != nil {
+		return fmt.Errorf("pgtemp: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pid, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("pgtemp: %s/postmaster.pid: no pid in %q", dataDir, first)
+	}
+	pgid, err := syscall.Getpgid(pid)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil // a stale file
+	}
+	if err != nil {
+		return fmt.Errorf("pgtemp: process group of postmaster %d: %w", pid, err)
+	}
+	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("pgtemp: SIGKILL to postmaster group %d: %w", pgid, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			return nil
+		}
+	}
+	return fmt.Errorf("pgtemp: postmaster %d still there 10 s after SIGKILL", pid)
+}
+
+// Stop stops every member (SIGTERM to Patroni, which shuts its PostgreSQL down; SIGKILL to what
+// is left after 30 s) and etcd, and removes every file. It is safe to call more than once.
+func (pc *PatroniCluster) Stop() error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	if pc.stopped {
+		return pc.stopErr
+	}
+	pc.stopped = true
+	_ = signalAll(pc.held, syscall.SIGCONT)
+	pc.held = nil
+	var errs []error
+	for _, m := range pc.members {
+		if m != nil && m.cmd != nil {
+			_ = m.cmd.Process.Signal(syscall.SIGTERM)
+		}
+	}
+	for _, m := range pc.members {
+		if m == nil {
+			continue
+		}
+		if m.cmd != nil {
+			select {
+			case <-m.done:
+			case <-time.After(30 * time.Second):
+				_ = m.cmd.Process.Signal(syscall.SIGKILL)
+				<-m.done
+			}
+			m.cmd = nil
+		}
+		if err := killPostmasterGroup(m.dataDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if pc.etcd != nil {
+		_ = pc.etcd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-pc.etcdDone:
+		case <-time.After(10 * time.Second):
+			_ = pc.etcd.Process.Signal(syscall.SIGKILL)
+			<-pc.etcdDone
+		}
+	}
+	if pc.dir != "" {
+		if err := os.RemoveAll(pc.dir); err != nil {
+			errs = append(errs, fmt.Errorf("pgtemp: %w", err))
+		}
+	}
+	pc.stopErr = errors.Join(errs...)
+	return pc.stopErr
+}
+
+func (pc *PatroniCluster) logf(format string, args ...any) {
+	pc.logMu.Lock()
+	defer pc.logMu.Unlock()
+	fmt.Fprintf(pc.log, "pgtemp: "+format+"\n", args...)
+}
