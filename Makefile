@@ -52,11 +52,12 @@ torture: deps
 deps:
 	@scripts/ensure-deps.sh
 
-# What the PostgreSQL tests need besides: PgBouncer, a Docker engine and the image pgtemp's
+# What the PostgreSQL tests need besides: PgBouncer, Patroni and etcd's server program (F16 on
+# Patroni), a Docker engine and the image pgtemp's
 # Docker provider is tested with (installed and started when run as root;
 # LEASEFENCE_SKIP_DOCKER=1 skips Docker). Only test and test-pg run it.
 test-deps:
-	@scripts/ensure-deps.sh pgbouncer
+	@scripts/ensure-deps.sh pgbouncer patroni
 	@scripts/ensure-docker.sh
 
 # The flake hunt (scripts/flake-hunt.sh): each entry of scripts/flake-hunt.list (the tests whose

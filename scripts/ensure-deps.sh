@@ -6,6 +6,8 @@
 #                                     (make lab, bench, capacity, torture)
 #   scripts/ensure-deps.sh pgbouncer  PgBouncer too (make test, make test-pg,
 #                                     make flake-hunt)
+#   scripts/ensure-deps.sh patroni    Patroni and etcd's server program too
+#                                     (make test, make test-pg)
 #
 # `make check` and `make test-etcd` need Go only and do not call it. Docker is
 # scripts/ensure-docker.sh's, which only `make test` and `make test-pg` run.
@@ -21,16 +23,25 @@
 #     127.0.0.1 port). Installed with apt-get as root on Debian/Ubuntu, with
 #     the package's own service kept from starting; otherwise we say what to
 #     install.
-# etcd needs nothing here: it is built from Go modules (go.etcd.io/etcd/server/v3).
+#   - With the argument patroni, Patroni (the patroni program) and Debian's
+#     etcd server (the etcd program, Patroni's store of leader keys): the
+#     failover case F16 also runs on clusters Patroni manages
+#     (fence-pg/pgtemp's StartPatroni starts its own processes on loopback).
+#     Installed with apt-get as root on Debian/Ubuntu, the packages' services
+#     kept from starting; otherwise we say what to install.
+# The project's own etcd needs nothing here: it is built from Go modules
+# (go.etcd.io/etcd/server/v3).
 set -euo pipefail
 
 say() { printf 'ensure-deps: %s\n' "$*" >&2; }
 
 want_pgbouncer=
+want_patroni=
 for arg in "$@"; do
   case "$arg" in
     pgbouncer) want_pgbouncer=1 ;;
-    *) say "unknown argument $arg (usage: scripts/ensure-deps.sh [pgbouncer])"; exit 2 ;;
+    patroni) want_patroni=1 ;;
+    *) say "unknown argument $arg (usage: scripts/ensure-deps.sh [pgbouncer] [patroni])"; exit 2 ;;
   esac
 done
 
@@ -124,6 +135,40 @@ apt_install_no_service() {
   if [ -n "$created" ]; then rm -f "$policy"; fi
   return "$rc"
 }
+
+# The same search as fence-pg/pgtemp's StartPatroni: the variable, else PATH,
+# else /usr/bin, /usr/sbin, /usr/local/bin.
+find_program() { # variable, program name
+  local var=$1 name=$2 p
+  if [ -n "${!var:-}" ]; then
+    [ -x "${!var}" ] && { echo "${!var}"; return 0; }
+    return 1
+  fi
+  if p=$(command -v "$name" 2>/dev/null); then echo "$p"; return 0; fi
+  for p in /usr/bin/$name /usr/sbin/$name /usr/local/bin/$name; do
+    if [ -x "$p" ]; then echo "$p"; return 0; fi
+  done
+  return 1
+}
+
+if [ -n "$want_patroni" ]; then
+  if pat=$(find_program LEASEFENCE_PATRONI patroni) && etc=$(find_program LEASEFENCE_ETCD etcd); then
+    say "Patroni: $pat ($("$pat" --version 2>&1 | head -n1)); etcd: $etc ($("$etc" --version 2>&1 | head -n1))"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "Patroni or etcd not found: installing them with apt-get (patroni etcd-server; their packaged services are not started, the tests run their own)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt_update
+    apt_install_no_service patroni etcd-server
+    pat=$(find_program LEASEFENCE_PATRONI patroni) && etc=$(find_program LEASEFENCE_ETCD etcd) ||
+      { say "apt-get installed patroni and etcd-server but the patroni or etcd program was not found"; exit 1; }
+    say "Patroni: $pat ($("$pat" --version 2>&1 | head -n1)); etcd: $etc ($("$etc" --version 2>&1 | head -n1))"
+  else
+    say "Patroni (the patroni program) or etcd's server (the etcd program) not found; F16 on Patroni needs them. Install them, then retry:"
+    say "  Debian/Ubuntu: sudo apt-get install -y patroni etcd-server   (the tests start their own processes; the packaged services need not run)"
+    say "or set LEASEFENCE_PATRONI and LEASEFENCE_ETCD to the programs."
+    exit 1
+  fi
+fi
 
 if [ -z "$want_pgbouncer" ]; then
   exit 0

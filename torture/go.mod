@@ -16,6 +16,8 @@ require (
 	google.golang.org/grpc v1.83.2
 )
 
+require github.com/lib/pq v1.12.3 // indirect
+
 require (
 	dario.cat/mergo v1.0.0 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20230124172434-306776ec8161 // indirect
@@ -50,6 +52,8 @@ require (
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
 	github.com/jonboulle/clockwork v0.5.0 // indirect
+	github.com/leasefence/leasefence/conformance v0.1.0
+	github.com/leasefence/leasefence/fence-pg/pgconformance v0.1.0
 	github.com/moby/docker-image-spec v1.3.1 // indirect
 	github.com/moby/sys/user v0.3.0 // indirect
 	github.com/moby/term v0.5.0 // indirect
@@ -109,3 +113,7 @@ replace (
 	github.com/leasefence/leasefence/fence-pg/pgtemp => ../fence-pg/pgtemp
 	github.com/leasefence/leasefence/leasecore => ../leasecore
 )
+
+replace github.com/leasefence/leasefence/conformance => ../conformance
+
+replace github.com/leasefence/leasefence/fence-pg/pgconformance => ../fence-pg/pgconformance

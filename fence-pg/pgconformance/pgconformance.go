@@ -91,6 +91,14 @@ type Config struct {
 	// (conformance.Traits.AttemptLog); the traits' name ends in
 	// "/default-attempt-log".
 	DefaultAttemptLog bool
+
+	// Patroni makes F16's replicated deployments three-member Patroni
+	// clusters (pgtemp.StartPatroni, of Config.Cluster's binaries) instead
+	// of a primary and a standby the case promotes itself: Patroni decides
+	// whom to promote when the leader's host is killed. Needs Debian's
+	// patroni and etcd-server packages (or LEASEFENCE_PATRONI and
+	// LEASEFENCE_ETCD).
+	Patroni bool
 }
 
 // New returns the suite's factory for cfg. Each call of the factory opens

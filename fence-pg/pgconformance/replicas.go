@@ -70,6 +70,9 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	if why := h.replicasAbsent(); why != "" {
 		return nil, fmt.Errorf("%s: StartReplicas: %s: %w", pkg, why, errors.ErrUnsupported)
 	}
+	if h.cfg.Patroni {
+		return h.startPatroni(ctx, mode) // patroni.go
+	}
 	t0 := time.Now()
 	pair, err := pgtemp.StartStandbyPair(ctx, mode == conformance.ReplicationSynchronous,
 		pgtemp.WithBinDir(h.cfg.Cluster.BinDir()))
@@ -102,9 +105,21 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	if err != nil {
 		return nil, err
 	}
-	// A harness of the replica set's own: the same driver, pool sizes and
-	// options, migrations and truncation as this one's, on the proxy's
-	// DSNs. No pooler: the pair is reached directly.
+	sub, err := h.replicaHarness(ctx, leaseDSN, resDSN)
+	if err != nil {
+		return nil, err
+	}
+	rs := &replicaSet{h: sub, pair: pair, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}
+	if err := rs.readSettings(ctx); err != nil {
+		return nil, err
+	}
+	return rs, nil
+}
+
+// replicaHarness is a harness of a replica set's own: the same driver,
+// pool sizes and options, migrations and truncation as h's, on the
+// proxy's DSNs. No pooler: the deployment is reached directly.
+func (h *harness) replicaHarness(ctx context.Context, leaseDSN, resDSN string) (*harness, error) {
 	sub, err := newHarness(ctx, Config{Driver: h.cfg.Driver, LeaseDSN: leaseDSN, ResourceDSN: resDSN,
 		SharedLeases: h.cfg.SharedLeases})
 	if err != nil {
@@ -114,11 +129,7 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 		_ = sub.Close()
 		return nil, fmt.Errorf("%s: harness is closed", pkg)
 	}
-	rs := &replicaSet{h: sub, pair: pair, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}
-	if err := rs.readSettings(ctx); err != nil {
-		return nil, err
-	}
-	return rs, nil
+	return sub, nil
 }
 
 // replicaSet is a conformance.ReplicaSet on a pgtemp.StandbyPair.
@@ -246,7 +257,7 @@ func (rs *replicaSet) Failover(ctx context.Context) (string, time.Duration, erro
 	}
 	standbyAddr := net.JoinHostPort(s.Host(), strconv.Itoa(s.Port()))
 	dropped := rs.proxy.moveTo(standbyAddr)
-	if err := rs.firstWrite(ctx); err != nil {
+	if err := firstWrite(ctx, rs.pair.Standby().DSN(replicaLeaseDB), rs.proxy.addr()); err != nil {
 		return "", 0, fmt.Errorf("%s: Failover: no write through the proxy moved to %s: %w", pkg, standbyAddr, err)
 	}
 	downtime := time.Since(t0)
@@ -258,12 +269,12 @@ func (rs *replicaSet) Failover(ctx context.Context) (string, time.Duration, erro
 }
 
 // firstWrite waits until a transaction that takes a transaction id (a
-// write: a standby refuses it) commits through the proxy, on a connection
-// of its own.
-func (rs *replicaSet) firstWrite(ctx context.Context) error {
+// write: a standby refuses it) commits through the proxy at proxyAddr, on
+// a connection of its own to dsn's database.
+func firstWrite(ctx context.Context, dsn, proxyAddr string) error {
 	ctx, cancel := context.WithTimeout(ctx, failoverTimeout)
 	defer cancel()
-	dsn, err := withHostPort(rs.pair.Standby().DSN(replicaLeaseDB), rs.proxy.addr())
+	dsn, err := withHostPort(dsn, proxyAddr)
 	if err != nil {
 		return err
 	}

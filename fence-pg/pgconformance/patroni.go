@@ -1,0 +1,213 @@
+package pgconformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/leasefence/leasefence/conformance"
+	"github.com/leasefence/leasefence/fence-pg/pgtemp"
+	"github.com/leasefence/leasefence/leasecore"
+)
+
+// patroniFailoverTimeout bounds Failover's wait for Patroni to name a new
+// leader that accepts writes: its leader key lives 10 s after the last
+// renewal, then a replica's loop (every second) takes the lead; a busy
+// machine stretches both.
+const patroniFailoverTimeout = 60 * time.Second
+
+// startPatroni is StartReplicas with Config.Patroni: a pgtemp.PatroniCluster
+// of Config.Cluster's binaries, the lease and resource databases created
+// on its leader, and the TCP proxy on 127.0.0.1 in front of the leader
+// that every client connects through and that Failover moves to the member
+// Patroni promotes — what HAProxy does with Patroni's REST health check.
+func (h *harness) startPatroni(ctx context.Context, mode conformance.ReplicationMode) (conformance.ReplicaSet, error) {
+	t0 := time.Now()
+	pc, err := pgtemp.StartPatroni(ctx, mode == conformance.ReplicationSynchronous, pgtemp.WithBinDir(h.cfg.Cluster.BinDir()))
+	if err != nil {
+		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+	}
+	if !h.onClose(pc.Stop) {
+		_ = pc.Stop()
+		return nil, fmt.Errorf("%s: harness is closed", pkg)
+	}
+	for _, db := range []string{replicaLeaseDB, replicaResourceDB} {
+		if err := pc.CreateDatabase(ctx, db); err != nil {
+			return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+		}
+	}
+	leader, err := pc.Leader(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+	}
+	proxy, err := startFailoverProxy(net.JoinHostPort(leader.Host, strconv.Itoa(leader.Port)))
+	if err != nil {
+		return nil, err
+	}
+	if !h.onClose(proxy.close) {
+		_ = proxy.close()
+		return nil, fmt.Errorf("%s: harness is closed", pkg)
+	}
+	leaseDSN, err1 := withHostPort(leader.DSN(replicaLeaseDB), proxy.addr())
+	resDSN, err2 := withHostPort(leader.DSN(replicaResourceDB), proxy.addr())
+	if err := errors.Join(err1, err2); err != nil {
+		return nil, err
+	}
+	sub, err := h.replicaHarness(ctx, leaseDSN, resDSN)
+	if err != nil {
+		return nil, err
+	}
+	ps := &patroniSet{h: sub, pc: pc, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}
+	if ps.settings, err = patroniSettings(ctx, leader); err != nil {
+		return nil, fmt.Errorf("%s: StartReplicas: reading the leader's settings: %w", pkg, err)
+	}
+	return ps, nil
+}
+
+// patroniSettings asks the leader for the settings that make the mode, so
+// that Describe states what the servers run with, not what was asked for.
+func patroniSettings(ctx context.Context, leader pgtemp.PatroniMember) (string, error) {
+	conn, err := pgx.Connect(ctx, leader.DSN("postgres"))
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var version, commit, names, fsync string
+	var sync []string
+	err = conn.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('synchronous_commit'),
+		current_setting('synchronous_standby_names'), current_setting('fsync'),
+		coalesce(array_agg(application_name || '=' || sync_state ORDER BY application_name) FILTER (WHERE application_name IS NOT NULL), '{}')
+		FROM (SELECT 1) one LEFT JOIN pg_stat_replication ON true`).Scan(&version, &commit, &names, &fsync, &sync)
+	if err != nil {
+		return "", err
+	}
+	streaming := "pg_stat_replication " + strings.Join(sync, ", ")
+	if len(sync) == 0 {
+		// Patroni restarts a new replica's replication once after it joins.
+		streaming = "no replica connected at this moment"
+	}
+	return fmt.Sprintf("PostgreSQL %s; leader %s: synchronous_commit=%s, synchronous_standby_names='%s', fsync=%s, %s",
+		version, leader.Name, commit, names, fsync, streaming), nil
+}
+
+// patroniSet is a conformance.ReplicaSet on a pgtemp.PatroniCluster.
+type patroniSet struct {
+	h       *harness // the replica set's own harness, on the proxy's DSNs
+	pc      *pgtemp.PatroniCluster
+	proxy   *failoverProxy
+	mode    conformance.ReplicationMode
+	pooler  string
+	started time.Duration
+
+	settings string
+
+	mu         sync.Mutex
+	heldAt     string // the leader's WAL position when HoldBackStandby stopped its WAL senders
+	failedOver bool
+}
+
+var _ conformance.ReplicaSet = (*patroniSet)(nil)
+
+// Describe implements conformance.ReplicaSet.
+func (ps *patroniSet) Describe() string {
+	var members []string
+	for _, m := range ps.pc.Members() {
+		members = append(members, m.String())
+	}
+	mode := "synchronous_mode=off, maximum_lag_on_failover=1048576"
+	if ps.pc.Synchronous() {
+		mode = "synchronous_mode=on (not strict)"
+	}
+	d := fmt.Sprintf("%s replication: %s cluster of %s, etcd as its store, ttl=10 loop_wait=1 retry_timeout=4, %s, started in %v; %s; "+
+		"clients connect through a TCP proxy on %s that a failover moves to the member Patroni promotes",
+		ps.mode, ps.pc.Version(), strings.Join(members, ", "), mode, ps.started.Round(time.Millisecond), ps.settings, ps.proxy.addr())
+	if ps.pooler != "" {
+		d += "; the cluster is reached directly, not through " + ps.pooler
+	}
+	return d
+}
+
+// OpenLease implements conformance.ReplicaSet: the harness's lease store,
+// on the proxy.
+func (ps *patroniSet) OpenLease(ctx context.Context) (leasecore.Lease, error) {
+	return ps.h.OpenLease(ctx)
+}
+
+// OpenResource implements conformance.ReplicaSet: the harness's fenced
+// resource, on the proxy.
+func (ps *patroniSet) OpenResource(ctx context.Context) (conformance.Resource, error) {
+	return ps.h.OpenResource(ctx)
+}
+
+// HoldBackStandby implements conformance.ReplicaSet with
+// pgtemp.PatroniCluster.HoldBackReplicas: it waits until both replicas have
+// replayed the leader's current WAL position, then stops the leader's WAL
+// senders with SIGSTOP. Synchronous mode: an error wrapping
+// errors.ErrUnsupported.
+func (ps *patroniSet) HoldBackStandby(ctx context.Context) error {
+	if ps.mode == conformance.ReplicationSynchronous {
+		return fmt.Errorf("%s: HoldBackStandby: a synchronous standby held back would hold every commit of the leader: %w",
+			pkg, errors.ErrUnsupported)
+	}
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.failedOver {
+		return fmt.Errorf("%s: HoldBackStandby: the replica set failed over already", pkg)
+	}
+	lsn, err := ps.pc.HoldBackReplicas(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: HoldBackStandby: %w", pkg, err)
+	}
+	ps.heldAt = lsn
+	return nil
+}
+
+// Failover implements conformance.ReplicaSet: the leader's host crashes
+// (pgtemp.PatroniCluster.KillMember: SIGKILL to its Patroni and its
+// PostgreSQL), Patroni promotes a replica once the leader key expires, and
+// the proxy moves to it, dropping the connections it carried. downtime
+// runs from the SIGKILL to the first commit of a transaction with a
+// transaction id through the moved proxy.
+func (ps *patroniSet) Failover(ctx context.Context) (string, time.Duration, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.failedOver {
+		return "", 0, fmt.Errorf("%s: Failover: the replica set failed over already", pkg)
+	}
+	ps.failedOver = true
+	old, err := ps.pc.Leader(ctx)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: Failover: %w", pkg, err)
+	}
+	t0 := time.Now()
+	if err := ps.pc.KillMember(old); err != nil {
+		return "", 0, fmt.Errorf("%s: Failover: %w", pkg, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, patroniFailoverTimeout)
+	next, err := ps.pc.WaitLeader(wctx, old)
+	cancel()
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: Failover: %w", pkg, err)
+	}
+	promoted := time.Since(t0)
+	dropped := ps.proxy.moveTo(net.JoinHostPort(next.Host, strconv.Itoa(next.Port)))
+	if err := firstWrite(ctx, next.DSN(replicaLeaseDB), ps.proxy.addr()); err != nil {
+		return "", 0, fmt.Errorf("%s: Failover: no write through the proxy moved to %s: %w", pkg, next, err)
+	}
+	downtime := time.Since(t0)
+	held := ""
+	if ps.heldAt != "" {
+		held = fmt.Sprintf(" (its WAL senders stopped since LSN %s: the replicas received nothing after it)", ps.heldAt)
+	}
+	how := fmt.Sprintf("SIGKILL to the leader's host %s, Patroni and PostgreSQL%s; Patroni promoted %s, writable %v after the kill; "+
+		"proxy %s moved to it (%d connections still open through it dropped); downtime measured from the SIGKILL to the first commit through the moved proxy",
+		old, held, next, promoted.Round(time.Millisecond), ps.proxy.addr(), dropped)
+	return how, downtime, nil
+}
