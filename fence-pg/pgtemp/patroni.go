@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -359,6 +360,10 @@ bootstrap:
   - host replication replicator 127.0.0.0/8 trust
   - host all all 127.0.0.0/8 trust
 postgresql:
+  # A member that comes back after a crash rejoins as a replica: rewound when it can be, else
+  # copied afresh (a throwaway cluster has no data worth keeping apart).
+  remove_data_directory_on_rewind_failure: true
+  remove_data_directory_on_diverged_timelines: true
   listen: %[10]s
   connect_address: %[10]s
   data_dir: %[11]s
@@ -561,8 +566,13 @@ func commitOn(ctx context.Context, dsn string) error {
 	return err
 }
 
-// waitHealthy waits until a leader accepts writes and both other members stream from it, one of
-// them as the synchronous standby in synchronous mode.
+// WaitHealthy waits until a leader accepts writes and both other members stream from it, one of
+// them as the synchronous standby in synchronous mode: after a member was killed and restarted,
+// until it has rejoined. It waits until ctx ends.
+func (pc *PatroniCluster) WaitHealthy(ctx context.Context) error {
+	return pc.waitHealthy(ctx)
+}
+
 func (pc *PatroniCluster) waitHealthy(ctx context.Context) error {
 	var last error
 	for {
@@ -570,10 +580,10 @@ func (pc *PatroniCluster) waitHealthy(ctx context.Context) error {
 		if last == nil {
 			return nil
 		}
-		for _, m := range pc.members {
+		for _, m := range pc.liveMembers() {
 			select {
 			case <-m.done:
-				return fmt.Errorf("pgtemp: Patroni of %s exited at start: %s", m.Name, lastLines(readFile(filepath.Join(m.dir, "log", "patroni.out")), 20))
+				return fmt.Errorf("pgtemp: Patroni of %s exited: %s", m.Name, lastLines(readFile(filepath.Join(m.dir, "log", "patroni.out")), 20))
 			default:
 			}
 		}
@@ -589,6 +599,28 @@ func (pc *PatroniCluster) healthy(ctx context.Context) error {
 	l, err := pc.writableLeader(ctx)
 	if err != nil {
 		return err
+	}
+	// What Patroni itself says: every member running, and in synchronous mode one named its
+	// synchronous standby in etcd (its switchover and failover go by that, not by the server's
+	// pg_stat_replication).
+	v, err := pc.view(ctx)
+	if err != nil {
+		return err
+	}
+	running, syncStandbys := 0, 0
+	for _, m := range v.Members {
+		if m.State == "running" {
+			running++
+		}
+		if m.Role == "sync_standby" {
+			syncStandbys++
+		}
+	}
+	if running != len(pc.members) {
+		return fmt.Errorf("Patroni shows %d of %d members running", running, len(pc.members))
+	}
+	if pc.synchronous && syncStandbys != 1 {
+		return fmt.Errorf("Patroni names %d synchronous standbys", syncStandbys)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -622,7 +654,9 @@ func (pc *PatroniCluster) logTails() string {
 	return b.String()
 }
 
-// CreateDatabase creates database name on the leader; replicas receive it by replication.
+// CreateDatabase creates database name on the leader and returns once every replica has replayed
+// it: a replica that has not would answer a connection to it with "database does not exist",
+// and pgx does not try a multi-host DSN's next host after that error.
 func (pc *PatroniCluster) CreateDatabase(ctx context.Context, name string) error {
 	l, err := pc.Leader(ctx)
 	if err != nil {
@@ -636,7 +670,34 @@ func (pc *PatroniCluster) CreateDatabase(ctx context.Context, name string) error
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return fmt.Errorf("pgtemp: CreateDatabase %s: %w", name, err)
 	}
+	if _, _, err := pc.waitReplayed(ctx, conn); err != nil {
+		return fmt.Errorf("pgtemp: CreateDatabase %s: %w", name, err)
+	}
 	return nil
+}
+
+// waitReplayed waits until every replica streaming from the leader conn is connected to has
+// replayed the leader's current WAL position, and returns that position and the replicas' WAL
+// senders.
+func (pc *PatroniCluster) waitReplayed(ctx context.Context, conn *pgx.Conn) (lsn string, senders []int, err error) {
+	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+		return "", nil, err
+	}
+	for {
+		var behind int
+		if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid), '{}'), count(*) FILTER (WHERE replay_lsn IS NULL OR replay_lsn < $1::pg_lsn)
+			FROM pg_stat_replication`, lsn).Scan(&senders, &behind); err != nil {
+			return "", nil, err
+		}
+		if behind == 0 && len(senders) == len(pc.members)-1 {
+			return lsn, senders, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil, fmt.Errorf("replicas did not replay %s (%d of %d streaming, %d behind): %w", lsn, len(senders), len(pc.members)-1, behind, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // HoldBackReplicas waits until every replica has replayed the leader's current WAL position, then
@@ -659,40 +720,26 @@ func (pc *PatroniCluster) HoldBackReplicas(ctx context.Context) (lsn string, err
 		return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if err := conn.QueryRow(ctx, "SELECT pg_current_wal_lsn()::text").Scan(&lsn); err != nil {
+	lsn, senders, err := pc.waitReplayed(ctx, conn)
+	if err != nil {
 		return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
 	}
-	for {
-		var pids []int
-		var behind int
-		if err := conn.QueryRow(ctx, `SELECT coalesce(array_agg(pid), '{}'), count(*) FILTER (WHERE replay_lsn IS NULL OR replay_lsn < $1::pg_lsn)
-			FROM pg_stat_replication`, lsn).Scan(&pids, &behind); err != nil {
-			return "", fmt.Errorf("pgtemp: HoldBackReplicas: %w", err)
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	for _, pid := range senders {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			_ = signalAll(pc.held, syscall.SIGCONT)
+			pc.held = nil
+			return "", fmt.Errorf("pgtemp: HoldBackReplicas: SIGSTOP to WAL sender %d: %w", pid, err)
 		}
-		if behind == 0 && len(pids) == len(pc.members)-1 {
-			pc.mu.Lock()
-			defer pc.mu.Unlock()
-			for _, pid := range pids {
-				if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-					_ = signalAll(pc.held, syscall.SIGCONT)
-					pc.held = nil
-					return "", fmt.Errorf("pgtemp: HoldBackReplicas: SIGSTOP to WAL sender %d: %w", pid, err)
-				}
-				pc.held = append(pc.held, pid)
-			}
-			pc.logf("Patroni: %s's WAL senders %v stopped at %s", l.Name, pids, lsn)
-			return lsn, nil
-		}
-		select {
-		case <-ctx.Done():
-			return "", fmt.Errorf("pgtemp: HoldBackReplicas: replicas did not replay %s: %w", lsn, ctx.Err())
-		case <-time.After(20 * time.Millisecond):
-		}
+		pc.held = append(pc.held, pid)
 	}
+	pc.logf("Patroni: %s's WAL senders %v stopped at %s", l.Name, senders, lsn)
+	return lsn, nil
 }
 
-// KillMember crashes m's host: SIGKILL to its Patroni, then to every process of its PostgreSQL
-// (the postmaster's process group: Patroni starts it in a session of its own). Nothing is flushed
+// KillMember crashes m's host: SIGKILL to its Patroni, then to its PostgreSQL's postmaster and
+// every process the postmaster started. Nothing is flushed
 // and nothing is shut down; Patroni's leader key, if m held it, expires after its TTL.
 func (pc *PatroniCluster) KillMember(m PatroniMember) error {
 	pc.mu.Lock()
@@ -707,15 +754,90 @@ func (pc *PatroniCluster) KillMember(m PatroniMember) error {
 	_ = pm.cmd.Process.Signal(syscall.SIGKILL)
 	<-pm.done
 	pm.cmd = nil
-	err := killPostmasterGroup(pm.dataDir)
+	err := killPostmaster(pm.dataDir)
 	pc.held = nil // the WAL senders were the leader's; dead now, or never stopped on this member
 	pc.logf("Patroni: %s killed (SIGKILL to Patroni and PostgreSQL)", m.Name)
 	return err
 }
 
-// killPostmasterGroup SIGKILLs the process group of the postmaster whose pid dataDir's
-// postmaster.pid names, and waits until the postmaster is gone.
-func killPostmasterGroup(dataDir string) error {
+// KillPostgres crashes m's PostgreSQL only (SIGKILL to its postmaster and every process it
+// started) and
+// leaves its Patroni running, which notices and starts it again; whether m stays leader is
+// Patroni's decision.
+func (pc *PatroniCluster) KillPostgres(m PatroniMember) error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pm := pc.member(m.Name)
+	if pm == nil {
+		return fmt.Errorf("pgtemp: KillPostgres: no member %q: %w", m.Name, ErrInvalidOption)
+	}
+	if pm.cmd == nil {
+		return fmt.Errorf("pgtemp: KillPostgres: %s is not running", m.Name)
+	}
+	err := killPostmaster(pm.dataDir)
+	pc.held = nil
+	pc.logf("Patroni: %s's PostgreSQL killed (SIGKILL), its Patroni left running", m.Name)
+	return err
+}
+
+// RestartMember starts the Patroni of m, killed by KillMember, again on its data directory: it
+// rejoins as a replica of the current leader (rewound with pg_rewind, or copied afresh when that
+// fails). It returns once Patroni runs; WaitHealthy waits for the rejoin.
+func (pc *PatroniCluster) RestartMember(m PatroniMember) error {
+	pc.mu.Lock()
+	defer pc.mu.Unlock()
+	pm := pc.member(m.Name)
+	switch {
+	case pm == nil:
+		return fmt.Errorf("pgtemp: RestartMember: no member %q: %w", m.Name, ErrInvalidOption)
+	case pc.stopped:
+		return fmt.Errorf("pgtemp: RestartMember: the cluster is stopped")
+	case pm.cmd != nil:
+		return fmt.Errorf("pgtemp: RestartMember: %s is running", m.Name)
+	}
+	return pc.spawn(pm)
+}
+
+// Switchover asks the leader's Patroni for a planned switchover (POST /switchover without a
+// candidate: Patroni picks one, the synchronous standby in synchronous mode) and waits until
+// another member leads and accepts writes. It returns the old leader and the new one.
+func (pc *PatroniCluster) Switchover(ctx context.Context) (from, to PatroniMember, err error) {
+	from, err = pc.Leader(ctx)
+	if err != nil {
+		return from, to, err
+	}
+	body, _ := json.Marshal(map[string]string{"leader": from.Name})
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(rctx, http.MethodPost, "http://"+pc.member(from.Name).api+"/switchover", bytes.NewReader(body))
+	if err != nil {
+		return from, to, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return from, to, fmt.Errorf("pgtemp: Switchover: %w", err)
+	}
+	answer, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return from, to, fmt.Errorf("pgtemp: Switchover from %s: %s: %s", from.Name, resp.Status, bytes.TrimSpace(answer))
+	}
+	to, err = pc.WaitLeader(ctx, from)
+	if err == nil {
+		pc.logf("Patroni: switchover %s -> %s", from.Name, to.Name)
+	}
+	return from, to, err
+}
+
+// killPostmaster SIGKILLs the postmaster whose pid dataDir's postmaster.pid names and every
+// process it started, and waits until they are gone. Every backend of PostgreSQL runs in a process
+// group of its own, so a group kill would miss them: a backend left running notices the
+// postmaster's death by itself, but one stopped with SIGSTOP (a held WAL sender) never would,
+// and it keeps the old shared memory attached, which a restarted postmaster refuses to share. So
+// the postmaster is stopped first (it forks nothing more), its descendants listed and stopped,
+// and then all of them killed.
+func killPostmaster(dataDir string) error {
 	b, err := os.ReadFile(filepath.Join(dataDir, "postmaster.pid"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil // not running
@@ -728,22 +850,37 @@ func killPostmasterGroup(dataDir string) error {
 	if err != nil || pid <= 0 {
 		return fmt.Errorf("pgtemp: %s/postmaster.pid: no pid in %q", dataDir, first)
 	}
-	pgid, err := syscall.Getpgid(pid)
-	if errors.Is(err, syscall.ESRCH) {
+	if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
 		return nil // a stale file
 	}
-	if err != nil {
-		return fmt.Errorf("pgtemp: process group of postmaster %d: %w", pid, err)
+	pids, err := stopTree(pid)
+	if kerr := signalAll(pids, syscall.SIGKILL); err == nil {
+		err = kerr
 	}
-	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("pgtemp: SIGKILL to postmaster group %d: %w", pgid, err)
+	if err != nil {
+		return fmt.Errorf("pgtemp: killing postmaster %d and its children: %w", pid, err)
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+		if !slices.ContainsFunc(pids, running) {
 			return nil
 		}
 	}
-	return fmt.Errorf("pgtemp: postmaster %d still there 10 s after SIGKILL", pid)
+	return fmt.Errorf("pgtemp: processes of postmaster %d still there 10 s after SIGKILL", pid)
+}
+
+// running reports whether process pid exists and is not a zombie (a zombie holds no memory; who
+// reaps it is its parent's business, or init's).
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return syscall.Kill(pid, 0) == nil // no /proc: existence only
+	}
+	rest := string(b)
+	if i := strings.LastIndexByte(rest, ')'); i >= 0 {
+		rest = rest[i+1:]
+	}
+	f := strings.Fields(rest)
+	return len(f) > 0 && f[0] != "Z" && f[0] != "X"
 }
 
 // Stop stops every member (SIGTERM to Patroni, which shuts its PostgreSQL down; SIGKILL to what
@@ -776,7 +913,7 @@ func (pc *PatroniCluster) Stop() error {
 			}
 			m.cmd = nil
 		}
-		if err := killPostmasterGroup(m.dataDir); err != nil {
+		if err := killPostmaster(m.dataDir); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -33,5 +33,11 @@ func (pc *PatroniCluster) CreateDatabase(context.Context, string) error {
 func (pc *PatroniCluster) HoldBackReplicas(context.Context) (string, error) {
 	return "", errPatroniNotSupported()
 }
-func (pc *PatroniCluster) KillMember(PatroniMember) error { return errPatroniNotSupported() }
-func (pc *PatroniCluster) Stop() error                    { return nil }
+func (pc *PatroniCluster) KillMember(PatroniMember) error    { return errPatroniNotSupported() }
+func (pc *PatroniCluster) Stop() error                       { return nil }
+func (pc *PatroniCluster) WaitHealthy(context.Context) error { return errPatroniNotSupported() }
+func (pc *PatroniCluster) KillPostgres(PatroniMember) error  { return errPatroniNotSupported() }
+func (pc *PatroniCluster) RestartMember(PatroniMember) error { return errPatroniNotSupported() }
+func (pc *PatroniCluster) Switchover(context.Context) (PatroniMember, PatroniMember, error) {
+	return PatroniMember{}, PatroniMember{}, errPatroniNotSupported()
+}
