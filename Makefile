@@ -38,12 +38,14 @@ bench: deps
 capacity: deps
 	@cd examples/lease-fencing && go run ./cmd/capacity -out ../../evidence/capacity $(CAPACITY_FLAGS)
 
-# The torture run (docs/torture.md): 200 seeded fault histories per backend, each checked (I2, I3, fence waits,
+# The torture run (docs/torture.md): 200 seeded fault histories per backend (PostgreSQL, etcd, a
+# 3-member etcd cluster, three PostgreSQL members under Patroni), each checked (I2, I3, fence waits,
 # final state, lost writes, porcupine), and the negative controls, which must be caught; the figures
 # go to evidence/torture/latest.txt. SEED=<n> replays a run's schedules. `make test` runs a short one.
 .PHONY: torture
 torture: deps
-	@cd torture && go test -count=1 -timeout 60m -run '^TestTorture$$' -v . \
+	@scripts/ensure-deps.sh patroni
+	@cd torture && go test -count=1 -timeout 90m -run '^TestTorture$$' -v . \
 		-torture.histories=200 -torture.controls=5 -torture.lanes=3 \
 		-torture.control-evidence=../evidence/torture/controls -torture.report=../evidence/torture/latest.txt \
 		$(if $(SEED),-torture.seed=$(SEED))

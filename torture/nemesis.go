@@ -103,8 +103,9 @@ type nemesisConfig struct {
 	// and a short run still has them all.
 	kinds []faultKind
 	// extra is the probability of each of up to two more faults, of any
-	// kind in kinds.
-	extra float64
+	// kind in extraKinds (nil: kinds).
+	extra      float64
+	extraKinds []faultKind
 	// pause and delay durations, in TTLs.
 	pauseMin, pauseMax float64
 	delayMin, delayMax float64
@@ -152,6 +153,18 @@ func clusterNemesis() nemesisConfig {
 	return nc
 }
 
+// patroniNemesis is the nemesis of PostgreSQL under Patroni: every kind of
+// the others, a crash being one of Patroni's failovers (patroniServer).
+// The rotation starts with it, so that the short run has one; the extra
+// faults are the holders' only, since each failover takes the history
+// 15-30 s.
+func patroniNemesis() nemesisConfig {
+	nc := defaultNemesis()
+	nc.kinds = []faultKind{faultCrash, faultPause, faultDelay, faultKill}
+	nc.extraKinds = []faultKind{faultPause, faultDelay, faultKill}
+	return nc
+}
+
 // planHistory is history idx's schedule: a function of the run's seed, the
 // index and the configuration only, so -torture.seed (with
 // -torture.only=idx) replays it.
@@ -174,9 +187,13 @@ func planHistory(seed uint64, idx int, nc nemesisConfig, ttl, window time.Durati
 		return f
 	}
 	faults := []plannedFault{plan(nc.kinds[idx%len(nc.kinds)])}
+	extraKinds := nc.kinds
+	if nc.extraKinds != nil {
+		extraKinds = nc.extraKinds
+	}
 	for range 2 {
 		if rng.Float64() < nc.extra {
-			faults = append(faults, plan(nc.kinds[rng.IntN(len(nc.kinds))]))
+			faults = append(faults, plan(extraKinds[rng.IntN(len(extraKinds))]))
 		}
 	}
 	// Which pauses strike inside a transaction comes from a generator of

@@ -84,7 +84,7 @@ func startPG(ctx context.Context, nonDurable bool) (*pgServer, error) {
 		return nil, err
 	}
 	s := &pgServer{cluster: c, label: label}
-	if err := s.migrate(ctx); err != nil {
+	if err := migratePG(ctx, c.CreateDatabase, c.DSN); err != nil {
 		_ = c.Stop()
 		return nil, err
 	}
@@ -95,18 +95,20 @@ func startPG(ctx context.Context, nonDurable bool) (*pgServer, error) {
 	return s, nil
 }
 
-func (s *pgServer) migrate(ctx context.Context) error {
+// migratePG creates both databases with create and migrates them, reaching
+// each at dsn(database).
+func migratePG(ctx context.Context, create func(context.Context, string) error, dsn func(string) string) error {
 	for _, db := range []string{pgLeaseDB, pgResDB} {
-		if err := s.cluster.CreateDatabase(ctx, db); err != nil {
+		if err := create(ctx, db); err != nil {
 			return err
 		}
 	}
-	leasePool, err := pgxpool.New(ctx, s.cluster.DSN(pgLeaseDB))
+	leasePool, err := pgxpool.New(ctx, dsn(pgLeaseDB))
 	if err != nil {
 		return err
 	}
 	defer leasePool.Close()
-	resPool, err := pgxpool.New(ctx, s.cluster.DSN(pgResDB))
+	resPool, err := pgxpool.New(ctx, dsn(pgResDB))
 	if err != nil {
 		return err
 	}
@@ -168,14 +170,18 @@ func (s *pgServer) crash(ctx context.Context) (time.Duration, string, error) {
 	return d, "immediate stop (SIGQUIT to the postmaster), restart on the same data directory", err
 }
 
-// read reads the scope's floor and both tables in one statement, so in one
-// snapshot.
 func (s *pgServer) read(ctx context.Context, scope string, fl flavor) (Snapshot, error) {
+	return readPG(ctx, s.reads, scope, fl)
+}
+
+// readPG reads the scope's floor and both tables in one statement, so in
+// one snapshot.
+func readPG(ctx context.Context, reads *pgxpool.Pool, scope string, fl flavor) (Snapshot, error) {
 	floorTable := "leasefence.fence_floor"
 	if fl.ownFence() {
 		floorTable = "torture.fence_floor"
 	}
-	rows, err := s.reads.Query(ctx, `SELECT 'floor', '', max_token, '' FROM `+floorTable+` WHERE scope = $1
+	rows, err := reads.Query(ctx, `SELECT 'floor', '', max_token, '' FROM `+floorTable+` WHERE scope = $1
 UNION ALL SELECT 'run', part, token, content FROM torture.run WHERE scope = $1
 UNION ALL SELECT 'line', part, token, content FROM torture.line WHERE scope = $1`, scope)
 	if err != nil {

@@ -21,8 +21,9 @@ var (
 	flagLanes     = flag.Int("torture.lanes", 2, "histories run side by side per backend, each with its own lease and holders")
 	flagSeed      = flag.Uint64("torture.seed", 0, "the run's seed (0: pick one; it is printed)")
 	flagOnly      = flag.Int("torture.only", -1, "run only this history of each run: a replay with -torture.seed")
-	flagBackends  = flag.String("torture.backends", "pg,etcd,etcd-cluster", "comma-separated: pg, etcd, etcd-cluster (3 members)")
-	flagEvidence  = flag.String("torture.evidence", filepath.Join("..", "evidence", "torture"),
+	flagBackends  = flag.String("torture.backends", "pg,etcd,etcd-cluster,pg-patroni",
+		"comma-separated: pg, etcd, etcd-cluster (3 members), pg-patroni (3 PostgreSQL members under Patroni)")
+	flagEvidence = flag.String("torture.evidence", filepath.Join("..", "evidence", "torture"),
 		"where every history of the fence with a violation is saved")
 	flagControlEvidence = flag.String("torture.control-evidence", "",
 		"where one violating history of each negative control is saved (empty: a temporary directory)")
