@@ -7,14 +7,12 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/leasefence/leasefence/conformance"
 	"github.com/leasefence/leasefence/fence-pg/pgtemp"
-	"github.com/leasefence/leasefence/leasecore"
 )
 
 // patroniFailoverTimeout bounds Failover's wait for Patroni to name a new
@@ -64,7 +62,7 @@ func (h *harness) startPatroni(ctx context.Context, mode conformance.Replication
 	if err != nil {
 		return nil, err
 	}
-	ps := &patroniSet{h: sub, pc: pc, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}
+	ps := &patroniSet{replicaBase: replicaBase{h: sub, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}, pc: pc}
 	if ps.settings, err = patroniSettings(ctx, leader); err != nil {
 		return nil, fmt.Errorf("%s: StartReplicas: reading the leader's settings: %w", pkg, err)
 	}
@@ -99,18 +97,8 @@ func patroniSettings(ctx context.Context, leader pgtemp.PatroniMember) (string, 
 
 // patroniSet is a conformance.ReplicaSet on a pgtemp.PatroniCluster.
 type patroniSet struct {
-	h       *harness // the replica set's own harness, on the proxy's DSNs
-	pc      *pgtemp.PatroniCluster
-	proxy   *failoverProxy
-	mode    conformance.ReplicationMode
-	pooler  string
-	started time.Duration
-
-	settings string
-
-	mu         sync.Mutex
-	heldAt     string // the leader's WAL position when HoldBackStandby stopped its WAL senders
-	failedOver bool
+	replicaBase
+	pc *pgtemp.PatroniCluster
 }
 
 var _ conformance.ReplicaSet = (*patroniSet)(nil)
@@ -134,39 +122,13 @@ func (ps *patroniSet) Describe() string {
 	return d
 }
 
-// OpenLease implements conformance.ReplicaSet: the harness's lease store,
-// on the proxy.
-func (ps *patroniSet) OpenLease(ctx context.Context) (leasecore.Lease, error) {
-	return ps.h.OpenLease(ctx)
-}
-
-// OpenResource implements conformance.ReplicaSet: the harness's fenced
-// resource, on the proxy.
-func (ps *patroniSet) OpenResource(ctx context.Context) (conformance.Resource, error) {
-	return ps.h.OpenResource(ctx)
-}
-
 // HoldBackStandby implements conformance.ReplicaSet with
 // pgtemp.PatroniCluster.HoldBackReplicas: it waits until both replicas have
 // replayed the leader's current WAL position, then stops the leader's WAL
 // senders with SIGSTOP. Synchronous mode: an error wrapping
 // errors.ErrUnsupported.
 func (ps *patroniSet) HoldBackStandby(ctx context.Context) error {
-	if ps.mode == conformance.ReplicationSynchronous {
-		return fmt.Errorf("%s: HoldBackStandby: a synchronous standby held back would hold every commit of the leader: %w",
-			pkg, errors.ErrUnsupported)
-	}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.failedOver {
-		return fmt.Errorf("%s: HoldBackStandby: the replica set failed over already", pkg)
-	}
-	lsn, err := ps.pc.HoldBackReplicas(ctx)
-	if err != nil {
-		return fmt.Errorf("%s: HoldBackStandby: %w", pkg, err)
-	}
-	ps.heldAt = lsn
-	return nil
+	return ps.holdBack(ctx, ps.pc.HoldBackReplicas)
 }
 
 // Failover implements conformance.ReplicaSet: the leader's host crashes
@@ -176,12 +138,10 @@ func (ps *patroniSet) HoldBackStandby(ctx context.Context) error {
 // runs from the SIGKILL to the first commit of a transaction with a
 // transaction id through the moved proxy.
 func (ps *patroniSet) Failover(ctx context.Context) (string, time.Duration, error) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.failedOver {
-		return "", 0, fmt.Errorf("%s: Failover: the replica set failed over already", pkg)
+	if err := ps.beginFailover(); err != nil {
+		return "", 0, err
 	}
-	ps.failedOver = true
+	defer ps.mu.Unlock()
 	old, err := ps.pc.Leader(ctx)
 	if err != nil {
 		return "", 0, fmt.Errorf("%s: Failover: %w", pkg, err)

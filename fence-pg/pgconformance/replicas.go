@@ -109,7 +109,7 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 	if err != nil {
 		return nil, err
 	}
-	rs := &replicaSet{h: sub, pair: pair, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}
+	rs := &replicaSet{replicaBase: replicaBase{h: sub, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}, pair: pair}
 	if err := rs.readSettings(ctx); err != nil {
 		return nil, err
 	}
@@ -132,10 +132,11 @@ func (h *harness) replicaHarness(ctx context.Context, leaseDSN, resDSN string) (
 	return sub, nil
 }
 
-// replicaSet is a conformance.ReplicaSet on a pgtemp.StandbyPair.
-type replicaSet struct {
+// replicaBase is what the two kinds of replica set share: their clients,
+// the proxy in front of the member that serves writes, and the state of
+// HoldBackStandby and Failover, which each may do once, in that order.
+type replicaBase struct {
 	h       *harness // the replica set's own harness, on the proxy's DSNs
-	pair    *pgtemp.StandbyPair
 	proxy   *failoverProxy
 	mode    conformance.ReplicationMode
 	pooler  string
@@ -145,8 +146,58 @@ type replicaSet struct {
 	settings string
 
 	mu         sync.Mutex
-	heldAt     string // the standby's replay LSN when HoldBackStandby froze it; "" when not held
+	heldAt     string // the WAL position the replicas were held back at; "" when not held
 	failedOver bool
+}
+
+// OpenLease implements conformance.ReplicaSet: the harness's lease store,
+// on the proxy.
+func (b *replicaBase) OpenLease(ctx context.Context) (leasecore.Lease, error) {
+	return b.h.OpenLease(ctx)
+}
+
+// OpenResource implements conformance.ReplicaSet: the harness's fenced
+// resource, on the proxy.
+func (b *replicaBase) OpenResource(ctx context.Context) (conformance.Resource, error) {
+	return b.h.OpenResource(ctx)
+}
+
+// holdBack is HoldBackStandby: hold, once, before a failover, and never in
+// synchronous mode, where a replica held back would hold every commit.
+func (b *replicaBase) holdBack(ctx context.Context, hold func(context.Context) (string, error)) error {
+	if b.mode == conformance.ReplicationSynchronous {
+		return fmt.Errorf("%s: HoldBackStandby: a synchronous standby held back would hold every commit of the primary: %w",
+			pkg, errors.ErrUnsupported)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.failedOver {
+		return fmt.Errorf("%s: HoldBackStandby: the replica set failed over already", pkg)
+	}
+	lsn, err := hold(ctx)
+	if err != nil {
+		return fmt.Errorf("%s: HoldBackStandby: %w", pkg, err)
+	}
+	b.heldAt = lsn
+	return nil
+}
+
+// beginFailover marks the set failed over, once, and returns with its lock
+// held: the caller unlocks it when the failover is done.
+func (b *replicaBase) beginFailover() error {
+	b.mu.Lock()
+	if b.failedOver {
+		b.mu.Unlock()
+		return fmt.Errorf("%s: Failover: the replica set failed over already", pkg)
+	}
+	b.failedOver = true
+	return nil
+}
+
+// replicaSet is a conformance.ReplicaSet on a pgtemp.StandbyPair.
+type replicaSet struct {
+	replicaBase
+	pair *pgtemp.StandbyPair
 }
 
 var _ conformance.ReplicaSet = (*replicaSet)(nil)
@@ -191,39 +242,13 @@ func (rs *replicaSet) Describe() string {
 	return d
 }
 
-// OpenLease implements conformance.ReplicaSet: the harness's lease store,
-// on the proxy.
-func (rs *replicaSet) OpenLease(ctx context.Context) (leasecore.Lease, error) {
-	return rs.h.OpenLease(ctx)
-}
-
-// OpenResource implements conformance.ReplicaSet: the harness's fenced
-// resource, on the proxy.
-func (rs *replicaSet) OpenResource(ctx context.Context) (conformance.Resource, error) {
-	return rs.h.OpenResource(ctx)
-}
-
 // HoldBackStandby implements conformance.ReplicaSet with
 // pgtemp.StandbyPair.FreezeStandby: it waits until the standby has replayed
 // the primary's current WAL position, then cuts the replication connection
 // and stops the standby's processes with SIGSTOP. Synchronous mode: an
 // error wrapping errors.ErrUnsupported.
 func (rs *replicaSet) HoldBackStandby(ctx context.Context) error {
-	if rs.mode == conformance.ReplicationSynchronous {
-		return fmt.Errorf("%s: HoldBackStandby: a synchronous standby held back would hold every commit of the primary: %w",
-			pkg, errors.ErrUnsupported)
-	}
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.failedOver {
-		return fmt.Errorf("%s: HoldBackStandby: the replica set failed over already", pkg)
-	}
-	lsn, err := rs.pair.FreezeStandby(ctx)
-	if err != nil {
-		return fmt.Errorf("%s: HoldBackStandby: %w", pkg, err)
-	}
-	rs.heldAt = lsn
-	return nil
+	return rs.holdBack(ctx, rs.pair.FreezeStandby)
 }
 
 // Failover implements conformance.ReplicaSet: an immediate stop of the
@@ -233,12 +258,10 @@ func (rs *replicaSet) HoldBackStandby(ctx context.Context) error {
 // runs from the SIGQUIT to the first commit of a transaction with a
 // transaction id through the moved proxy.
 func (rs *replicaSet) Failover(ctx context.Context) (string, time.Duration, error) {
-	rs.mu.Lock()
-	defer rs.mu.Unlock()
-	if rs.failedOver {
-		return "", 0, fmt.Errorf("%s: Failover: the replica set failed over already", pkg)
+	if err := rs.beginFailover(); err != nil {
+		return "", 0, err
 	}
-	rs.failedOver = true
+	defer rs.mu.Unlock()
 	p, s := rs.pair.Primary(), rs.pair.Standby()
 	t0 := time.Now()
 	if err := rs.pair.CrashPrimary(ctx); err != nil {
