@@ -35,8 +35,8 @@ var patroniHosts = [...]string{"127.0.0.1", "127.0.0.2", "127.0.0.3"}
 // patroniTiming is the Patroni configuration that decides how fast a failover happens: the
 // leader key lives ttl seconds without a renewal, a member runs its loop every loop_wait seconds,
 // and gives up on etcd or PostgreSQL after retry_timeout. Patroni's defaults are 30, 10 and 10;
-// these keep a failover (the ttl, then one loop) near 10 s, as a tuned production cluster would.
-// loop_wait + 2*retry_timeout stays below ttl, the rule Patroni's documentation gives.
+// these keep a failover (the ttl, then one loop) near 10 s, so that a test sees several. A leader
+// that retries a call for the whole retry_timeout, twice, still renews its key within the ttl.
 const (
 	patroniTTL          = 10
 	patroniLoopWait     = 1
