@@ -133,11 +133,11 @@ func (f *Fence) beginPgx(ctx context.Context, op string, c leasecore.Claim) (*pg
 	f.queueLockTimeout(b)
 	floor := int64(c.Token)
 	var setting string
-	switch idle := f.idleSetting(); {
+	switch {
 	case !f.seen.at(c.Scope, c.Token):
-		b.Queue(f.stmt.earlyRead, c.Scope, idle).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
-	case idle != nil:
-		b.Queue(f.stmt.settings, idle)
+		b.Queue(f.stmt.earlyRead, c.Scope, f.idleSetting()).QueryRow(func(r pgx.Row) error { return r.Scan(&floor, &setting) })
+	case f.stmt.setIdle != "":
+		b.Queue(f.stmt.setIdle)
 	}
 	br := conn.SendBatch(ctx, b)
 	tx := br.Tx()

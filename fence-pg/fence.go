@@ -116,10 +116,17 @@ type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
 	// the fast paths (floor = token), the first statements of RunTx
 	shared, earlyRead, settings, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
+	// setIdle sets the idle timeout in a pgx RunTx whose Fence has seen the
+	// floor at the token (pgsql.FenceSetIdle); empty without a timeout.
+	setIdle string
 }
 
 func newFenceCore(db dbx.DB, cfg config) fenceCore {
 	in := func(stmt string) string { return pgsql.InSchema(stmt, cfg.schema) }
+	var setIdle string
+	if d := cfg.idleInTxTimeout; d > 0 {
+		setIdle = pgsql.FenceSetIdle + strconv.FormatInt(d.Milliseconds(), 10)
+	}
 	return fenceCore{db: db, cfg: cfg,
 		stmt: fenceSQL{
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
@@ -127,7 +134,7 @@ func newFenceCore(db dbx.DB, cfg config) fenceCore {
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
 			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), settings: pgsql.FenceSettings, guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
-			writeManyShared: in(pgsql.FencedWriteManyShared),
+			writeManyShared: in(pgsql.FencedWriteManyShared), setIdle: setIdle,
 		},
 		read: pgstore.Reader{DB: db, Pkg: pkg, Schema: cfg.schema},
 	}

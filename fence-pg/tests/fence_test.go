@@ -643,3 +643,43 @@ func TestRunTxEarlyRead(t *testing.T) {
 		}
 	})
 }
+
+// TestRunTxIdleTimeout: RunTx's idle-in-transaction timeout is in force
+// inside fn in the holder's first transaction, where it travels with the
+// early read of the floor, and in the later ones, where the Fence has seen
+// the floor at the token and sends it alone after BEGIN; and only there:
+// afterwards the connection has the server's value again.
+func TestRunTxIdleTimeout(t *testing.T) {
+	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
+		f := newFenceFixture(t, driver, fencepg.WithTimeouts(0, 1500*time.Millisecond))
+		ctx := context.Background()
+		c := leasecore.Claim{Scope: "idle", Writer: "holder-a", Token: 1}
+		const show = `SELECT current_setting('idle_in_transaction_session_timeout')`
+		for _, which := range []string{"first (early read)", "second (floor seen)", "third (floor seen)"} {
+			var idle string
+			var res leasecore.Result
+			var err error
+			if f.fence.Pgx != nil {
+				res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error { return tx.QueryRow(ctx, show).Scan(&idle) })
+			} else {
+				res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error { return tx.QueryRowContext(ctx, show).Scan(&idle) })
+			}
+			if err != nil || !res.Accepted {
+				t.Fatalf("%s transaction: %+v, %v", which, res, err)
+			}
+			if idle != "1500ms" {
+				t.Errorf("%s transaction: idle_in_transaction_session_timeout = %s inside fn, want 1500ms", which, idle)
+			}
+		}
+		// Statements on the pool afterwards: the server's value.
+		for i := range 4 {
+			var idle string
+			if err := f.resourceDB.QueryRow(ctx, show).Scan(&idle); err != nil {
+				t.Fatal(err)
+			}
+			if idle != "0" {
+				t.Errorf("statement %d after the fenced transactions: idle_in_transaction_session_timeout = %s, want the server's 0", i, idle)
+			}
+		}
+	})
+}

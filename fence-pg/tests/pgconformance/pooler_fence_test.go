@@ -19,7 +19,7 @@ import (
 
 // TestFenceTimeoutsBehindPgBouncer: the lock_timeout and
 // idle_in_transaction_session_timeout that RunTx (Fence's and FenceDB's)
-// sets with set_config(..., true) are transaction-local, so they work
+// sets with set_config(..., true) or SET LOCAL are transaction-local, so they work
 // behind a transaction pooler and do not leak to the next transaction on the same
 // server connection (another client's, behind a pooler): inside the
 // transaction they hold the configured values, after it the server's; a
@@ -49,16 +49,23 @@ func TestFenceTimeoutsBehindPgBouncer(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			// Inside the fenced transaction: the configured values.
+			// Inside the fenced transaction: the configured values, in the
+			// holder's first transaction (the idle timeout set with the
+			// early read of the floor) and its next (the Fence has seen the
+			// floor at the token: the idle timeout set on its own).
 			var lock, idle string
-			res, err := runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, func(q querier) error {
-				return q.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle)
-			})
-			if err != nil || !res.Accepted {
-				t.Fatalf("fenced transaction: %+v, %v", res, err)
-			}
-			if lock != "300ms" || idle != "500ms" {
-				t.Errorf("inside the fenced transaction behind the pooler: lock_timeout=%s idle_in_transaction_session_timeout=%s, want 300ms and 500ms", lock, idle)
+			var res leasecore.Result
+			var err error
+			for _, which := range []string{"first", "next"} {
+				res, err = runTx(ctx, fence, leasecore.Claim{Scope: scope, Writer: "holder-a", Token: 1}, func(q querier) error {
+					return q.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('idle_in_transaction_session_timeout')`).Scan(&lock, &idle)
+				})
+				if err != nil || !res.Accepted {
+					t.Fatalf("%s fenced transaction: %+v, %v", which, res, err)
+				}
+				if lock != "300ms" || idle != "500ms" {
+					t.Errorf("inside the %s fenced transaction behind the pooler: lock_timeout=%s idle_in_transaction_session_timeout=%s, want 300ms and 500ms", which, lock, idle)
+				}
 			}
 			// After it, on every server connection: the server's values.
 			for i := range 4 {
