@@ -42,7 +42,10 @@
 // Errors wrap leasecore's sentinels: leasecore.ErrInvalidArgument (bad input,
 // nothing sent), leasecore.ErrHeld and leasecore.ErrLost (through a
 // *leasecore.HoldError), leasecore.ErrUnavailable (connection lost, server
-// shutting down: the operation may or may not have taken effect),
+// shutting down, no connection made — a refused connection, or the DSN's
+// connect_timeout against a server that does not answer, which pgx reports
+// as a deadline of its own while the caller's context is live: the
+// operation may or may not have taken effect),
 // leasecore.ErrSchema (run Migrate), leasecore.ErrConfig (a deployment
 // that retrying will not fix: unknown database or role, authentication,
 // a missing grant, pgx's default exec mode behind a transaction pooler,

@@ -126,63 +126,121 @@ func (f *fixture) terminateLockWaiters(t *testing.T) {
 	}
 }
 
-// TestUnreachableServer: every operation against a port nobody listens on
-// fails with an error wrapping ErrUnavailable.
+// TestUnreachableServer: every operation against a port nobody listens on,
+// and against a server that accepts connections and never answers (a host
+// frozen or cut off mid-failover), fails with an error wrapping
+// ErrUnavailable while the caller's context is live: the driver's own
+// connect timeout (connect_timeout in the DSN) is not the caller's context
+// ending, and leasecore.Campaign and Session retry only ErrUnavailable.
 func TestUnreachableServer(t *testing.T) {
+	t.Run("refused", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dsn := "postgres://postgres@" + ln.Addr().String() + "/nothing?sslmode=disable&connect_timeout=5"
+		ln.Close()
+		testUnreachable(t, dsn)
+	})
+	t.Run("hanging", func(t *testing.T) {
+		ln := hangingServer(t)
+		testUnreachable(t, "postgres://postgres@"+ln+"/nothing?sslmode=disable&connect_timeout=1")
+	})
+}
+
+// hangingServer listens on 127.0.0.1, accepts every connection and never
+// answers, until the test ends; it returns its address.
+func hangingServer(t *testing.T) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dsn := "postgres://postgres@" + ln.Addr().String() + "/nothing?sslmode=disable&connect_timeout=5"
-	ln.Close()
-
-	pgtest.ForEachDriver(t, func(t *testing.T, driver string) {
-		// Opened without connecting: pgopen.Open would fail on its Ping.
-		var p pgopen.Pool
-		switch driver {
-		case pgopen.Pgx:
-			pool, err := pgxpool.New(context.Background(), dsn)
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
 			if err != nil {
-				t.Fatal(err)
+				return
 			}
-			defer pool.Close()
-			p.Pgx = pool
-		case pgopen.Libpq:
-			db, err := sql.Open("postgres", dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer db.Close()
-			p.SQL = db
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
 		}
-		leases, err := p.LeaseStore()
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := p.Resource()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx := context.Background()
-		g := leasecore.Grant{Name: "n", Holder: "h", Token: 1, TTL: time.Second}
-		for op, call := range map[string]func() error{
-			"acquire": func() error { _, err := leases.Acquire(ctx, "n", "h", time.Second); return err },
-			"renew":   func() error { _, err := leases.Renew(ctx, g); return err },
-			"release": func() error { return leases.Release(ctx, g) },
-			"inspect": func() error { _, err := leases.Inspect(ctx, "n"); return err },
-			"migrate": func() error { return leases.Migrate(ctx) },
-			"write": func() error {
-				_, err := res.Write(ctx, leasecore.Write{Scope: "s", Part: "p", Writer: "w", Token: 1})
-				return err
-			},
-			"floor":     func() error { _, err := res.Floor(ctx, "s"); return err },
-			"read part": func() error { _, _, err := res.ReadPart(ctx, "s", "p"); return err },
-			"attempts":  func() error { _, err := res.Attempts(ctx, "s"); return err },
-		} {
-			err := call()
-			if !errors.Is(err, leasecore.ErrUnavailable) || !strings.HasPrefix(err.Error(), "fencepg: "+op+": ") {
-				t.Errorf("%s: got %v, want an error wrapping ErrUnavailable starting with \"fencepg: %s: \"", op, err, op)
-			}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
 		}
 	})
+	return ln.Addr().String()
+}
+
+// testUnreachable runs every operation against dsn on pgx, lib/pq and pgx's
+// database/sql driver.
+func testUnreachable(t *testing.T, dsn string) {
+	for _, driver := range []string{pgopen.Pgx, pgopen.Libpq, pgxStdlib} {
+		t.Run(driver, func(t *testing.T) { testUnreachableOn(t, driver, dsn) })
+	}
+}
+
+func testUnreachableOn(t *testing.T, driver, dsn string) {
+	// Opened without connecting: pgopen.Open would fail on its Ping.
+	var p pgopen.Pool
+	switch driver {
+	case pgopen.Pgx:
+		pool, err := pgxpool.New(context.Background(), dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		p.Pgx = pool
+	case pgopen.Libpq, pgxStdlib:
+		name := "postgres"
+		if driver == pgxStdlib {
+			name = "pgx"
+		}
+		db, err := sql.Open(name, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		p.SQL = db
+	}
+	leases, err := p.LeaseStore()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := p.Resource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	g := leasecore.Grant{Name: "n", Holder: "h", Token: 1, TTL: time.Second}
+	for op, call := range map[string]func() error{
+		"acquire": func() error { _, err := leases.Acquire(ctx, "n", "h", time.Second); return err },
+		"renew":   func() error { _, err := leases.Renew(ctx, g); return err },
+		"release": func() error { return leases.Release(ctx, g) },
+		"inspect": func() error { _, err := leases.Inspect(ctx, "n"); return err },
+		"migrate": func() error { return leases.Migrate(ctx) },
+		"write": func() error {
+			_, err := res.Write(ctx, leasecore.Write{Scope: "s", Part: "p", Writer: "w", Token: 1})
+			return err
+		},
+		"floor":     func() error { _, err := res.Floor(ctx, "s"); return err },
+		"read part": func() error { _, _, err := res.ReadPart(ctx, "s", "p"); return err },
+		"attempts":  func() error { _, err := res.Attempts(ctx, "s"); return err },
+	} {
+		err := call()
+		if !errors.Is(err, leasecore.ErrUnavailable) || !strings.HasPrefix(err.Error(), "fencepg: "+op+": ") {
+			t.Errorf("%s: got %v, want an error wrapping ErrUnavailable starting with \"fencepg: %s: \"", op, err, op)
+		}
+	}
 }

@@ -75,10 +75,12 @@ import (
 //     leasecore.ErrConfig — retrying will not help until the
 //     configuration is fixed; the message says what to change.
 //
-// Without a SQLSTATE, ctx live: context errors (of a context of the
-// caller's function, not ctx) are kept; connection-level failures
-// (net.Error, io.EOF, io.ErrUnexpectedEOF, driver.ErrBadConn,
-// *pgconn.ConnectError) wrap leasecore.ErrUnavailable. Everything else is
+// Without a SQLSTATE, ctx live: a failure to connect (*pgconn.ConnectError,
+// also when it is pgx's own connect timeout, which wraps
+// context.DeadlineExceeded) wraps leasecore.ErrUnavailable; other context
+// errors (of a context of the caller's function, not ctx) are kept; other
+// connection-level failures (net.Error, io.EOF, io.ErrUnexpectedEOF,
+// driver.ErrBadConn) wrap leasecore.ErrUnavailable. Everything else is
 // wrapped as it is.
 //
 // For ErrUnavailable and for context errors the operation may or may not
@@ -97,7 +99,14 @@ func MapError(ctx context.Context, pkg, op string, err error) error {
 	if hasState {
 		return mapSQLState(prefix, op, coded.SQLState(), serverMessage(err), err)
 	}
+	var connectErr *pgconn.ConnectError
 	switch {
+	case errors.As(err, &connectErr):
+		// No connection was made while ctx is live: a refused or unreachable
+		// server, or pgx's own connect timeout (connect_timeout in the DSN),
+		// which pgx reports as a context deadline of its own — a server
+		// frozen mid-failover, not the caller's context ending.
+		return fmt.Errorf("%s: %w: %w", prefix, leasecore.ErrUnavailable, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", prefix, err)
 	case IsConnectionError(err):
