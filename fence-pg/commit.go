@@ -297,7 +297,7 @@ func (f *fenceCore) notBelow(op string, c leasecore.Claim, floor int64) error {
 	if leasecore.Token(floor) >= c.Token {
 		return nil
 	}
-	return fmt.Errorf("%s: %s: the floor of scope %q is %d, below %d, right after it was raised to %d: it was written outside the fence",
+	return fmt.Errorf("%s: %s: the floor of scope %q is %d, below %d, right after it was raised to %d: it was written outside the fence, or the database lost committed transactions (a failover to a replica that lacked them, a restore)",
 		pkg, op, c.Scope, floor, c.Token, c.Token)
 }
 
