@@ -132,28 +132,12 @@ func (s *patroniServer) crash(ctx context.Context) (time.Duration, string, error
 	case n%3 == 0:
 		down, how, err = s.killLeaderHost(ctx, old)
 	case n%3 == 1:
-		t0 := time.Now()
-		if err := s.pc.KillPostgres(old); err != nil {
-			return 0, "", err
-		}
-		next, err := s.pc.WaitLeader(ctx, pgtemp.PatroniMember{})
-		if err != nil {
-			return 0, "", err
-		}
-		down = time.Since(t0)
-		how = fmt.Sprintf("SIGKILL to the leader's PostgreSQL on %s, its Patroni left running; %s leads, writable after %v",
-			old.Name, next.Name, down.Round(time.Millisecond))
+		down, how, err = s.killLeaderPostgres(ctx, old)
 	default:
-		t0 := time.Now()
-		from, to, err := s.pc.Switchover(ctx)
-		if err != nil {
-			return 0, "", err
-		}
-		down = time.Since(t0)
-		how = fmt.Sprintf("planned switchover (Patroni's POST /switchover) from %s to %s, writable after %v", from.Name, to.Name, down.Round(time.Millisecond))
+		down, how, err = s.switchover(ctx)
 	}
 	if err != nil {
-		return 0, "", err
+		return down, how, err
 	}
 	t1 := time.Now()
 	if err := s.pc.WaitHealthy(ctx); err != nil {
@@ -179,6 +163,34 @@ func (s *patroniServer) killLeaderHost(ctx context.Context, old pgtemp.PatroniMe
 	}
 	return down, fmt.Sprintf("SIGKILL to the leader's host %s (Patroni and PostgreSQL); Patroni promoted %s, writable after %v; %s restarted",
 		old.Name, next.Name, down.Round(time.Millisecond), old.Name), nil
+}
+
+// killLeaderPostgres kills the leader's PostgreSQL and leaves its Patroni
+// running, which starts it again; whoever leads then is Patroni's choice.
+func (s *patroniServer) killLeaderPostgres(ctx context.Context, old pgtemp.PatroniMember) (time.Duration, string, error) {
+	t0 := time.Now()
+	if err := s.pc.KillPostgres(old); err != nil {
+		return 0, "", err
+	}
+	next, err := s.pc.WaitLeader(ctx, pgtemp.PatroniMember{})
+	if err != nil {
+		return 0, "", err
+	}
+	down := time.Since(t0)
+	return down, fmt.Sprintf("SIGKILL to the leader's PostgreSQL on %s, its Patroni left running; %s leads, writable after %v",
+		old.Name, next.Name, down.Round(time.Millisecond)), nil
+}
+
+// switchover is a planned switchover, Patroni choosing the next leader.
+func (s *patroniServer) switchover(ctx context.Context) (time.Duration, string, error) {
+	t0 := time.Now()
+	from, to, err := s.pc.Switchover(ctx)
+	if err != nil {
+		return 0, "", err
+	}
+	down := time.Since(t0)
+	return down, fmt.Sprintf("planned switchover (Patroni's POST /switchover) from %s to %s, writable after %v",
+		from.Name, to.Name, down.Round(time.Millisecond)), nil
 }
 
 // killHeldLeader is the unsafe control's crash: the leader's WAL senders

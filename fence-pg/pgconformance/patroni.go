@@ -2,7 +2,6 @@ package pgconformance
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
@@ -36,33 +35,16 @@ func (h *harness) startPatroni(ctx context.Context, mode conformance.Replication
 		_ = pc.Stop()
 		return nil, fmt.Errorf("%s: harness is closed", pkg)
 	}
-	for _, db := range []string{replicaLeaseDB, replicaResourceDB} {
-		if err := pc.CreateDatabase(ctx, db); err != nil {
-			return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
-		}
-	}
+	// The leader the cluster started with; Failover moves the proxy on.
 	leader, err := pc.Leader(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
 	}
-	proxy, err := startFailoverProxy(net.JoinHostPort(leader.Host, strconv.Itoa(leader.Port)))
-	if err != nil {
+	ps := &patroniSet{replicaBase: replicaBase{mode: mode}, pc: pc}
+	if err := h.openReplicaBase(ctx, &ps.replicaBase, t0, pc.CreateDatabase,
+		net.JoinHostPort(leader.Host, strconv.Itoa(leader.Port)), leader.DSN); err != nil {
 		return nil, err
 	}
-	if !h.onClose(proxy.close) {
-		_ = proxy.close()
-		return nil, fmt.Errorf("%s: harness is closed", pkg)
-	}
-	leaseDSN, err1 := withHostPort(leader.DSN(replicaLeaseDB), proxy.addr())
-	resDSN, err2 := withHostPort(leader.DSN(replicaResourceDB), proxy.addr())
-	if err := errors.Join(err1, err2); err != nil {
-		return nil, err
-	}
-	sub, err := h.replicaHarness(ctx, leaseDSN, resDSN)
-	if err != nil {
-		return nil, err
-	}
-	ps := &patroniSet{replicaBase: replicaBase{h: sub, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}, pc: pc}
 	if ps.settings, err = patroniSettings(ctx, leader); err != nil {
 		return nil, fmt.Errorf("%s: StartReplicas: reading the leader's settings: %w", pkg, err)
 	}

@@ -83,53 +83,57 @@ func (h *harness) StartReplicas(ctx context.Context, mode conformance.Replicatio
 		_ = pair.Stop()
 		return nil, fmt.Errorf("%s: harness is closed", pkg)
 	}
-	for _, db := range []string{replicaLeaseDB, replicaResourceDB} {
-		if err := pair.Primary().CreateDatabase(ctx, db); err != nil {
-			return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
-		}
-	}
-	primaryAddr := net.JoinHostPort(pair.Primary().Host(), strconv.Itoa(pair.Primary().Port()))
-	proxy, err := startFailoverProxy(primaryAddr)
-	if err != nil {
+	rs := &replicaSet{replicaBase: replicaBase{mode: mode}, pair: pair}
+	primary := pair.Primary()
+	if err := h.openReplicaBase(ctx, &rs.replicaBase, t0, primary.CreateDatabase,
+		net.JoinHostPort(primary.Host(), strconv.Itoa(primary.Port())), primary.DSN); err != nil {
 		return nil, err
 	}
-	if !h.onClose(proxy.close) {
-		_ = proxy.close()
-		return nil, fmt.Errorf("%s: harness is closed", pkg)
-	}
-	leaseDSN, err := withHostPort(pair.Primary().DSN(replicaLeaseDB), proxy.addr())
-	if err != nil {
-		return nil, err
-	}
-	resDSN, err := withHostPort(pair.Primary().DSN(replicaResourceDB), proxy.addr())
-	if err != nil {
-		return nil, err
-	}
-	sub, err := h.replicaHarness(ctx, leaseDSN, resDSN)
-	if err != nil {
-		return nil, err
-	}
-	rs := &replicaSet{replicaBase: replicaBase{h: sub, proxy: proxy, mode: mode, pooler: h.cfg.Pooler, started: time.Since(t0)}, pair: pair}
 	if err := rs.readSettings(ctx); err != nil {
 		return nil, err
 	}
 	return rs, nil
 }
 
-// replicaHarness is a harness of a replica set's own: the same driver,
-// pool sizes and options, migrations and truncation as h's, on the
-// proxy's DSNs. No pooler: the deployment is reached directly.
-func (h *harness) replicaHarness(ctx context.Context, leaseDSN, resDSN string) (*harness, error) {
+// openReplicaBase creates the lease and resource databases on a replica
+// set's primary (create), starts the TCP proxy in front of it
+// (primaryAddr) that every client of the set connects through, and a
+// harness of the set's own on the proxy's DSNs (dsn names a database on
+// the primary): the same driver, pool sizes and options, migrations and
+// truncation as h's, and no pooler, the set being reached directly. The
+// proxy and the harness close with h. It fills in b's clients; t0 is when
+// the set began to start.
+func (h *harness) openReplicaBase(ctx context.Context, b *replicaBase, t0 time.Time,
+	create func(context.Context, string) error, primaryAddr string, dsn func(string) string) error {
+	for _, db := range []string{replicaLeaseDB, replicaResourceDB} {
+		if err := create(ctx, db); err != nil {
+			return fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+		}
+	}
+	proxy, err := startFailoverProxy(primaryAddr)
+	if err != nil {
+		return err
+	}
+	if !h.onClose(proxy.close) {
+		_ = proxy.close()
+		return fmt.Errorf("%s: harness is closed", pkg)
+	}
+	leaseDSN, err1 := withHostPort(dsn(replicaLeaseDB), proxy.addr())
+	resDSN, err2 := withHostPort(dsn(replicaResourceDB), proxy.addr())
+	if err := errors.Join(err1, err2); err != nil {
+		return err
+	}
 	sub, err := newHarness(ctx, Config{Driver: h.cfg.Driver, LeaseDSN: leaseDSN, ResourceDSN: resDSN,
 		SharedLeases: h.cfg.SharedLeases})
 	if err != nil {
-		return nil, fmt.Errorf("%s: StartReplicas: %w", pkg, err)
+		return fmt.Errorf("%s: StartReplicas: %w", pkg, err)
 	}
 	if !h.onClose(sub.Close) {
 		_ = sub.Close()
-		return nil, fmt.Errorf("%s: harness is closed", pkg)
+		return fmt.Errorf("%s: harness is closed", pkg)
 	}
-	return sub, nil
+	b.h, b.proxy, b.pooler, b.started = sub, proxy, h.cfg.Pooler, time.Since(t0)
+	return nil
 }
 
 // replicaBase is what the two kinds of replica set share: their clients,

@@ -306,10 +306,13 @@ func canSearch(perm os.FileMode, owner, group uint32, u *osUser) bool {
 	}
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(loopback, "0"))
+func freePort() (int, error) { return freePortOn(loopback) }
+
+// freePortOn picks a free TCP port on host.
+func freePortOn(host string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
-		return 0, fmt.Errorf("pgtemp: picking a free port: %w", err)
+		return 0, fmt.Errorf("pgtemp: picking a free port on %s: %w", host, err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port, nil

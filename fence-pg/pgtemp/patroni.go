@@ -93,7 +93,8 @@ type PatroniCluster struct {
 
 	mu      sync.Mutex
 	members [len(patroniHosts)]*patroniMember
-	held    []int // the walsenders HoldBackReplicas stopped, until a kill or Stop
+	held    []int  // the WAL senders HoldBackReplicas stopped, until their member is killed or Stop
+	heldOn  string // the member they belong to
 	stopped bool
 	stopErr error
 }
@@ -234,16 +235,6 @@ func chownTree(dir string, u *osUser) error {
 		}
 		return os.Lchown(path, int(u.uid), int(u.gid))
 	})
-}
-
-// freePortOn picks a free TCP port on host.
-func freePortOn(host string) (int, error) {
-	ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	if err != nil {
-		return 0, fmt.Errorf("pgtemp: picking a free port on %s: %w", host, err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // startEtcd starts the etcd server Patroni keeps its leader key in, on 127.0.0.1, with its WAL
@@ -504,7 +495,8 @@ func (pc *PatroniCluster) DSN(database string) string {
 		superuser, strings.Join(hosts, ","), database)
 }
 
-// Leader returns the member Patroni names leader, once its PostgreSQL accepts a write.
+// Leader returns the member Patroni names leader, once its PostgreSQL accepts a write. Like
+// WaitLeader it waits until ctx ends.
 func (pc *PatroniCluster) Leader(ctx context.Context) (PatroniMember, error) {
 	return pc.WaitLeader(ctx, PatroniMember{})
 }
@@ -537,18 +529,26 @@ func (pc *PatroniCluster) writableLeader(ctx context.Context) (PatroniMember, er
 	if err != nil {
 		return PatroniMember{}, err
 	}
+	m, err := pc.leaderOf(v)
+	if err != nil {
+		return PatroniMember{}, err
+	}
+	if err := commitOn(ctx, m.DSN(maintenanceDB)); err != nil {
+		return PatroniMember{}, fmt.Errorf("leader %s: %w", m.Name, err)
+	}
+	return m, nil
+}
+
+// leaderOf returns the member v names its running leader.
+func (pc *PatroniCluster) leaderOf(v patroniView) (PatroniMember, error) {
 	for _, vm := range v.Members {
 		if vm.Role != "leader" || vm.State != "running" {
 			continue
 		}
-		m := pc.member(vm.Name)
-		if m == nil {
-			return PatroniMember{}, fmt.Errorf("Patroni names an unknown leader %q", vm.Name)
+		if m := pc.member(vm.Name); m != nil {
+			return m.PatroniMember, nil
 		}
-		if err := commitOn(ctx, m.DSN(maintenanceDB)); err != nil {
-			return PatroniMember{}, fmt.Errorf("leader %s: %w", m.Name, err)
-		}
-		return m.PatroniMember, nil
+		return PatroniMember{}, fmt.Errorf("Patroni names an unknown leader %q", vm.Name)
 	}
 	return PatroniMember{}, errors.New("Patroni names no running leader")
 }
@@ -596,14 +596,14 @@ func (pc *PatroniCluster) waitHealthy(ctx context.Context) error {
 }
 
 func (pc *PatroniCluster) healthy(ctx context.Context) error {
-	l, err := pc.writableLeader(ctx)
+	// What Patroni itself says: a running leader, every member running, and in synchronous mode
+	// one named its synchronous standby in etcd (its switchover and failover go by that, not by
+	// the server's pg_stat_replication).
+	v, err := pc.view(ctx)
 	if err != nil {
 		return err
 	}
-	// What Patroni itself says: every member running, and in synchronous mode one named its
-	// synchronous standby in etcd (its switchover and failover go by that, not by the server's
-	// pg_stat_replication).
-	v, err := pc.view(ctx)
+	l, err := pc.leaderOf(v)
 	if err != nil {
 		return err
 	}
@@ -622,6 +622,7 @@ func (pc *PatroniCluster) healthy(ctx context.Context) error {
 	if pc.synchronous && syncStandbys != 1 {
 		return fmt.Errorf("Patroni names %d synchronous standbys", syncStandbys)
 	}
+	// What the leader's server says: it takes writes, and both others stream from it.
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, l.DSN(maintenanceDB))
@@ -630,9 +631,9 @@ func (pc *PatroniCluster) healthy(ctx context.Context) error {
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var streaming, sync int
-	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'streaming'), count(*) FILTER (WHERE sync_state = 'sync')
-		FROM pg_stat_replication`).Scan(&streaming, &sync); err != nil {
-		return err
+	if err := conn.QueryRow(ctx, `SELECT count(*) FILTER (WHERE state = 'streaming'), count(*) FILTER (WHERE sync_state = 'sync'),
+		txid_current() FROM pg_stat_replication`).Scan(&streaming, &sync, nil); err != nil {
+		return fmt.Errorf("leader %s: %w", l.Name, err)
 	}
 	if streaming != len(pc.members)-1 {
 		return fmt.Errorf("%d of %d replicas stream from the leader %s", streaming, len(pc.members)-1, l.Name)
@@ -726,14 +727,18 @@ func (pc *PatroniCluster) HoldBackReplicas(ctx context.Context) (lsn string, err
 	}
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
+	if len(pc.held) > 0 {
+		return "", fmt.Errorf("pgtemp: HoldBackReplicas: %s's WAL senders are held already", pc.heldOn)
+	}
 	for _, pid := range senders {
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 			_ = signalAll(pc.held, syscall.SIGCONT)
-			pc.held = nil
+			pc.held, pc.heldOn = nil, ""
 			return "", fmt.Errorf("pgtemp: HoldBackReplicas: SIGSTOP to WAL sender %d: %w", pid, err)
 		}
 		pc.held = append(pc.held, pid)
 	}
+	pc.heldOn = l.Name
 	pc.logf("Patroni: %s's WAL senders %v stopped at %s", l.Name, senders, lsn)
 	return lsn, nil
 }
@@ -744,19 +749,37 @@ func (pc *PatroniCluster) HoldBackReplicas(ctx context.Context) (lsn string, err
 func (pc *PatroniCluster) KillMember(m PatroniMember) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	pm := pc.member(m.Name)
-	if pm == nil {
-		return fmt.Errorf("pgtemp: KillMember: no member %q: %w", m.Name, ErrInvalidOption)
-	}
-	if pm.cmd == nil {
-		return fmt.Errorf("pgtemp: KillMember: %s is not running", m.Name)
+	pm, err := pc.runningMember("KillMember", m)
+	if err != nil {
+		return err
 	}
 	_ = pm.cmd.Process.Signal(syscall.SIGKILL)
 	<-pm.done
 	pm.cmd = nil
-	err := killPostmaster(pm.dataDir)
-	pc.held = nil // the WAL senders were the leader's; dead now, or never stopped on this member
+	err = pc.killPostgresLocked(pm)
 	pc.logf("Patroni: %s killed (SIGKILL to Patroni and PostgreSQL)", m.Name)
+	return err
+}
+
+// runningMember returns m's member, whose Patroni must be running. pc.mu is held.
+func (pc *PatroniCluster) runningMember(op string, m PatroniMember) (*patroniMember, error) {
+	pm := pc.member(m.Name)
+	if pm == nil {
+		return nil, fmt.Errorf("pgtemp: %s: no member %q: %w", op, m.Name, ErrInvalidOption)
+	}
+	if pm.cmd == nil {
+		return nil, fmt.Errorf("pgtemp: %s: %s is not running", op, m.Name)
+	}
+	return pm, nil
+}
+
+// killPostgresLocked kills pm's PostgreSQL, and with it the WAL senders HoldBackReplicas stopped
+// if they were pm's. pc.mu is held.
+func (pc *PatroniCluster) killPostgresLocked(pm *patroniMember) error {
+	err := killPostmaster(pm.dataDir)
+	if pc.heldOn == pm.Name {
+		pc.held, pc.heldOn = nil, ""
+	}
 	return err
 }
 
@@ -767,15 +790,11 @@ func (pc *PatroniCluster) KillMember(m PatroniMember) error {
 func (pc *PatroniCluster) KillPostgres(m PatroniMember) error {
 	pc.mu.Lock()
 	defer pc.mu.Unlock()
-	pm := pc.member(m.Name)
-	if pm == nil {
-		return fmt.Errorf("pgtemp: KillPostgres: no member %q: %w", m.Name, ErrInvalidOption)
+	pm, err := pc.runningMember("KillPostgres", m)
+	if err != nil {
+		return err
 	}
-	if pm.cmd == nil {
-		return fmt.Errorf("pgtemp: KillPostgres: %s is not running", m.Name)
-	}
-	err := killPostmaster(pm.dataDir)
-	pc.held = nil
+	err = pc.killPostgresLocked(pm)
 	pc.logf("Patroni: %s's PostgreSQL killed (SIGKILL), its Patroni left running", m.Name)
 	return err
 }
@@ -893,7 +912,7 @@ func (pc *PatroniCluster) Stop() error {
 	}
 	pc.stopped = true
 	_ = signalAll(pc.held, syscall.SIGCONT)
-	pc.held = nil
+	pc.held, pc.heldOn = nil, ""
 	var errs []error
 	for _, m := range pc.members {
 		if m != nil && m.cmd != nil {
