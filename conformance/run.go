@@ -51,6 +51,18 @@ var cases = []testCase{
 	{"X2", "X2_lease_contract", "the lease contract where lock-based lease services break it: holds that are over, a retried release, TTLs as asked, a holder that stops renewing, re-entrant acquire, independent names, a second client, a lost acquire answer", caseX2},
 }
 
+// CaseIDs returns the IDs of the suite's cases ("F1", "F4u", "X2", ...) in
+// the order Run and Report run them: what ReportOptions.Cases selects from.
+// A tool that spreads the cases over several servers, one Report call per
+// case, takes them from here.
+func CaseIDs() []string {
+	ids := make([]string, len(cases))
+	for i, tc := range cases {
+		ids[i] = tc.id
+	}
+	return ids
+}
+
 // caseTimeout bounds one case; it grows with the backend's minimum TTL.
 func caseTimeout(t Traits) time.Duration {
 	return 2*time.Minute + 30*t.MinTTL
@@ -159,7 +171,8 @@ type CaseResult struct {
 
 // ReportOptions configures Report.
 type ReportOptions struct {
-	// Cases selects cases by ID ("F1", "F4", ...); empty runs all.
+	// Cases selects cases by ID ("F1", "F4", ...; see CaseIDs), run in
+	// the order given; empty runs all.
 	Cases []string
 	// Progress, when set, is called before each case starts (done false)
 	// and after it ends (done true, res filled in).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,6 +142,14 @@ func TestReportFormat(t *testing.T) {
 	if _, err := conformance.Report(context.Background(), &bytes.Buffer{}, newMemHarness,
 		conformance.ReportOptions{Cases: []string{"F42"}}); err == nil {
 		t.Errorf("an unknown case ID was accepted")
+	}
+	// CaseIDs lists the cases Report ran, in its order.
+	var ran []string
+	for _, c := range sum.Cases {
+		ran = append(ran, c.ID)
+	}
+	if ids := conformance.CaseIDs(); !slices.Equal(ids, ran) {
+		t.Errorf("CaseIDs() = %v, Report ran %v", ids, ran)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/leasefence/leasefence/conformance"
@@ -125,12 +126,43 @@ type lab struct {
 	port     int
 	outDir   string
 	cases    []string
+	sets     int // server sets per lane, each taking a share of its cases
 	progress io.Writer
 }
 
-// run starts the cluster, runs every selected configuration, writes one
-// output file per configuration and stops the cluster. It returns the
-// number of failed checks.
+// configRun is one configuration's run: its cases, which the lane's server
+// sets take one at a time, and what each case printed.
+type configRun struct {
+	cfg   config
+	ids   []string
+	next  atomic.Int64 // index in ids of the next case to take
+	cases []caseOutput // by index in ids
+	where []string     // by server set: the servers it ran cases on
+}
+
+// caseOutput is what one case printed and returned, and on which server set.
+type caseOutput struct {
+	set  int
+	text []byte
+	res  conformance.CaseResult
+	ran  bool
+}
+
+// run runs every selected configuration, each lane on server sets of its
+// own, and writes one output file per configuration and LIMITS.md. It
+// returns the number of failed checks.
+//
+// Each set of servers takes the next case of its lane not yet taken, one
+// conformance.Report call per case, and the configuration's output file
+// puts the cases back in the suite's order. With more than one set per
+// lane (-sets) a lane's cases run side by side, each on one set from
+// beginning to end, as it would alone: no two cases share a server, and a
+// crash case (F8) never touches another case's server. Most of a case's
+// time is waiting (a paused holder's TTL running out, a crash's
+// recovery), so two sets halve the lab's wall time; but the default is
+// one: on two CPUs beside two CPU burners, twelve cases at once delayed
+// PostgreSQL renewals past the suite's 1.5 s TTLs and failed timing
+// checks in each of three runs, where six at once passed (docs/lab.md).
 func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 	var selected []config
 	for _, n := range names {
@@ -143,49 +175,64 @@ func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 	if err := os.MkdirAll(l.outDir, 0o755); err != nil {
 		return 0, err
 	}
+	ids := l.cases
+	if len(ids) == 0 {
+		ids = conformance.CaseIDs()
+	}
+	sets := max(l.sets, 1)
 
 	var lanes []string
-	for _, c := range selected {
+	runs := make([]*configRun, len(selected))
+	for i, c := range selected {
 		if !slices.Contains(lanes, c.lane) {
 			lanes = append(lanes, c.lane)
 		}
+		runs[i] = &configRun{cfg: c, ids: ids, cases: make([]caseOutput, len(ids)), where: make([]string, sets)}
 	}
-	rows := make([]limitsRow, len(selected))
-	errs := make([]error, len(lanes))
+	started := time.Now().UTC()
+	errs := make([]error, len(lanes)*sets)
 	var pgVersion string
 	var wg sync.WaitGroup
 	for li, lane := range lanes {
-		wg.Go(func() {
-			var cfgs []int
-			for i, c := range selected {
-				if c.lane == lane {
-					cfgs = append(cfgs, i)
-				}
+		var laneRuns []*configRun
+		for _, r := range runs {
+			if r.cfg.lane == lane {
+				laneRuns = append(laneRuns, r)
 			}
-			// The PostgreSQL lane gets the lab's fixed port; the other
-			// lanes' clusters take free ones.
-			port := 0
-			if lane == "postgres" {
-				port = l.port
-			}
-			errs[li] = l.withServers(ctx, lane, port, selected[cfgs[0]], func(srv servers) error {
-				if srv.cluster != nil && lane == "postgres" {
-					pgVersion = srv.cluster.Version()
+		}
+		for set := range sets {
+			wg.Go(func() {
+				// The PostgreSQL lane's first set gets the lab's fixed
+				// port; every other cluster takes a free one.
+				port := 0
+				if lane == "postgres" && set == 0 {
+					port = l.port
 				}
-				for _, i := range cfgs {
-					row, err := l.runConfig(ctx, srv, selected[i])
-					rows[i] = row
-					if err != nil {
-						return err
+				name := lane
+				if sets > 1 {
+					name = fmt.Sprintf("%s/%d", lane, set+1)
+				}
+				errs[li*sets+set] = l.withServers(ctx, name, port, laneRuns[0].cfg, func(srv servers) error {
+					if port != 0 && srv.cluster != nil {
+						pgVersion = srv.cluster.Version()
 					}
-				}
-				return nil
+					for _, r := range laneRuns {
+						if err := l.runShare(ctx, srv, set, r); err != nil {
+							return fmt.Errorf("%s: %w", name, err)
+						}
+					}
+					return nil
+				})
 			})
-		})
+		}
 	}
 	wg.Wait()
-	for _, r := range rows {
-		failed += r.Failed
+	rows := make([]limitsRow, len(runs))
+	for i, r := range runs {
+		var werr error
+		rows[i], werr = l.writeConfig(r, started)
+		errs = append(errs, werr)
+		failed += rows[i].Failed
 	}
 	if err := errors.Join(errs...); err != nil {
 		return failed, err
@@ -249,15 +296,17 @@ func (l *lab) serve(ctx context.Context) (err error) {
 	return nil
 }
 
-func (l *lab) runConfig(ctx context.Context, srv servers, cfg config) (limitsRow, error) {
-	var buf bytes.Buffer
-	fmt.Fprintf(&buf, "# leasefence lab: %s\n", cfg.title)
+// runShare runs cases of r on one server set until none is left to take:
+// it recreates the configuration's databases on the set's cluster (every
+// configuration starts from nothing), then takes the next case not yet
+// taken by any set, one at a time.
+func (l *lab) runShare(ctx context.Context, srv servers, set int, r *configRun) error {
+	cfg := r.cfg
 	var where []string
 	if cfg.pg {
-		// Recreate both databases: every configuration starts from nothing.
 		for _, db := range []string{leaseDB, resourceDB} {
 			if err := srv.cluster.CreateDatabase(ctx, db); err != nil {
-				return limitsRow{Name: cfg.name}, err
+				return err
 			}
 		}
 		where = append(where, fmt.Sprintf("PostgreSQL %s on 127.0.0.1:%d, databases %s and %s",
@@ -266,28 +315,86 @@ func (l *lab) runConfig(ctx context.Context, srv servers, cfg config) (limitsRow
 	if cfg.etcd {
 		where = append(where, fmt.Sprintf("etcd %s at %s", srv.etcd.Version(), strings.Join(srv.etcd.Endpoints(), ",")))
 	}
-	where = append(where, fmt.Sprintf("%s %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH), time.Now().UTC().Format(time.RFC3339))
-	fmt.Fprintf(&buf, "# %s\n", strings.Join(where, "; "))
+	r.where[set] = strings.Join(where, ", ")
 	nh := cfg.harness(srv)
-	l.say("[%s] %s", cfg.name, cfg.title)
-	sum, err := conformance.Report(ctx, &buf, nh, conformance.ReportOptions{
-		Cases: l.cases,
-		Progress: func(i, n int, r conformance.CaseResult, done bool) {
-			// One whole line per event: lanes print at the same time.
-			if !done {
-				return
+	for {
+		i := int(r.next.Add(1)) - 1
+		if i >= len(r.ids) {
+			return nil
+		}
+		var buf bytes.Buffer
+		sum, err := conformance.Report(ctx, &buf, nh, conformance.ReportOptions{Cases: r.ids[i : i+1]})
+		if err != nil {
+			return err
+		}
+		// Each call ends with its own SUMMARY line; the output file has
+		// one, for the whole configuration (writeConfig).
+		summary := fmt.Sprintf("SUMMARY passed=%d failed=%d\n", sum.Passed, sum.Failed)
+		text, ok := bytes.CutSuffix(buf.Bytes(), []byte(summary))
+		if !ok || len(sum.Cases) != 1 {
+			return fmt.Errorf("%s: case %s: the report did not end with %q", cfg.name, r.ids[i], strings.TrimSpace(summary))
+		}
+		res := sum.Cases[0]
+		r.cases[i] = caseOutput{set: set, text: text, res: res, ran: true}
+		verdict := "ok"
+		switch {
+		case res.Failed > 0:
+			verdict = "FAIL"
+		case res.Skipped != "":
+			verdict = "skipped: " + res.Skipped
+		}
+		// One whole line per event: lanes and sets print at the same time.
+		where := ""
+		if len(r.where) > 1 {
+			where = fmt.Sprintf(", server set %d", set+1)
+		}
+		l.say("[%s] (%d/%d) %s ... %s (passed=%d failed=%d, %.1fs%s)",
+			cfg.name, i+1, len(r.ids), res.Name, verdict, res.Passed, res.Failed, res.Elapsed.Seconds(), where)
+	}
+}
+
+// writeConfig writes r's output file: a header naming the server sets,
+// every case's lines in the suite's order, each after a line saying which
+// set ran it, and one SUMMARY line for them all. It draws F4's and F5's
+// timelines when the configuration is the one that does.
+func (l *lab) writeConfig(r *configRun, started time.Time) (limitsRow, error) {
+	cfg := r.cfg
+	var buf bytes.Buffer
+	fmt.Fprintf(&buf, "# leasefence lab: %s\n", cfg.title)
+	var servers string
+	if len(r.where) == 1 {
+		servers = r.where[0]
+	} else {
+		var sets []string
+		for i, w := range r.where {
+			if w != "" {
+				sets = append(sets, fmt.Sprintf("set %d: %s", i+1, w))
 			}
-			verdict := "ok"
-			switch {
-			case r.Failed > 0:
-				verdict = "FAIL"
-			case r.Skipped != "":
-				verdict = "skipped: " + r.Skipped
-			}
-			l.say("[%s] (%d/%d) %s ... %s (passed=%d failed=%d, %.1fs)", cfg.name, i+1, n, r.Name, verdict, r.Passed, r.Failed, r.Elapsed.Seconds())
-		},
-	})
+		}
+		servers = fmt.Sprintf("%d server sets, each case run on one from its beginning to its end: %s", len(sets), strings.Join(sets, "; "))
+	}
+	fmt.Fprintf(&buf, "# %s; %s %s/%s; %s\n", servers, runtime.Version(), runtime.GOOS, runtime.GOARCH, started.Format(time.RFC3339))
+	var sum conformance.Summary
+	var missing []string
+	for i, c := range r.cases {
+		if !c.ran {
+			missing = append(missing, r.ids[i])
+			continue
+		}
+		if len(r.where) > 1 {
+			fmt.Fprintf(&buf, "# server set %d\n", c.set+1)
+		}
+		buf.Write(c.text)
+		sum.Passed += c.res.Passed
+		sum.Failed += c.res.Failed
+		sum.Cases = append(sum.Cases, c.res)
+	}
+	fmt.Fprintf(&buf, "SUMMARY passed=%d failed=%d\n", sum.Passed, sum.Failed)
 	row := newLimitsRow(cfg.name, buf.String(), sum.Passed, sum.Failed)
+	var err error
+	if len(missing) > 0 {
+		err = fmt.Errorf("%s: cases not run: %s", cfg.name, strings.Join(missing, ", "))
+	}
 	path := filepath.Join(l.outDir, cfg.output)
 	if werr := os.WriteFile(path, buf.Bytes(), 0o644); werr != nil {
 		return row, errors.Join(err, werr)

@@ -2,7 +2,7 @@
 // every backend configuration against servers it starts itself, and writes
 // the evidence files. examples/lease-fencing/run.sh (make lab) runs it.
 //
-//	lab [-port 55426] [-out evidence/26] [-configs pgx,libpq] [-cases F1,F3]
+//	lab [-port 55426] [-out evidence/26] [-configs pgx,libpq] [-cases F1,F3] [-sets 2]
 //	lab -serve    start the cluster with empty lease26 and res26 and keep it
 //	              running until Ctrl-C (for cmd/report-job)
 //	lab holder       (internal: the holder process of F4 and F5; see below)
@@ -60,6 +60,7 @@ func run() int {
 		out     = flag.String("out", "evidence/26", "directory the output files are written to")
 		configs = flag.String("configs", strings.Join(configNames(), ","), "configurations to run, comma-separated")
 		caseIDs = flag.String("cases", "", "cases to run, comma-separated (default: all)")
+		sets    = flag.Int("sets", 1, "server sets per configuration, each running a share of its cases at the same time (2 halves the wall time; for a machine with CPUs to spare)")
 		serve   = flag.Bool("serve", false, "only start the cluster with empty lease26 and res26, and wait for Ctrl-C")
 	)
 	flag.Parse()
@@ -71,7 +72,11 @@ func run() int {
 	defer stop()
 
 	start := time.Now()
-	lab := &lab{port: *port, outDir: *out, progress: os.Stderr}
+	if *sets < 1 {
+		fmt.Fprintf(os.Stderr, "lab: -sets %d: need at least 1\n", *sets)
+		return 2
+	}
+	lab := &lab{port: *port, outDir: *out, sets: *sets, progress: os.Stderr}
 	if *serve {
 		if err := lab.serve(ctx); err != nil {
 			fmt.Fprintf(os.Stderr, "lab: %v\n", err)
