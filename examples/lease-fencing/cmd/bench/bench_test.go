@@ -51,6 +51,7 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO fenced_write/fenced_write_limit ",
 		"RATIO user_tx_fenced/user_tx_limit ",
 		"RATIO user_tx_fenced/user_tx_fenced_no_idle ",
+		"RATIO user_tx_fenced_no_idle/user_tx_limit ",
 		"RATIO pipeline_fenced/pipeline_limit ",
 		"RATIO fenced_8_scopes_8_clients/limit_8_scopes_8_clients ",
 		"RATIO etcd_fenced_write/etcd_limit ",
@@ -113,7 +114,8 @@ func TestBenchRuns(t *testing.T) {
 // TestLimitRatios: every fenced path's limit ratio puts the fenced variant
 // over its limit variant, the 8-client one too (time per write, not
 // throughput), and every limit variant is in exactly one ratio, so it is
-// measured in the rounds of its fenced variant only.
+// measured in the rounds of its fenced variant only — user_tx_limit in two,
+// RunTx's with and without its idle timeout, both fenced variants over it.
 func TestLimitRatios(t *testing.T) {
 	want := map[string]string{
 		"fenced_write":              "fenced_write_limit",
@@ -136,9 +138,14 @@ func TestLimitRatios(t *testing.T) {
 	for num, den := range want {
 		t.Errorf("no ratio %s/%s with %s as num", num, den, num)
 	}
-	for _, den := range []string{"fenced_write_limit", "user_tx_limit", "pipeline_limit", "limit_8_scopes_8_clients", "etcd_limit"} {
-		if uses[den] != 1 {
-			t.Errorf("%s is in %d ratios, want 1", den, uses[den])
+	for den, n := range map[string]int{"fenced_write_limit": 1, "user_tx_limit": 2, "pipeline_limit": 1, "limit_8_scopes_8_clients": 1, "etcd_limit": 1} {
+		if uses[den] != n {
+			t.Errorf("%s is in %d ratios, want %d", den, uses[den], n)
+		}
+	}
+	for _, r := range ratios {
+		if r.den == "user_tx_limit" && !strings.HasPrefix(r.num, "user_tx_fenced") {
+			t.Errorf("ratio %s: user_tx_limit under %s, want a fenced RunTx", r.name, r.num)
 		}
 	}
 }

@@ -75,6 +75,10 @@ var ratios = []ratio{
 	// What RunTx's idle-in-transaction timeout costs it: its setting is one
 	// more statement in BEGIN's round trip, which the limit does not have.
 	{name: "user_tx_fenced/user_tx_fenced_no_idle", num: "user_tx_fenced", den: "user_tx_fenced_no_idle"},
+	// The fence's own statements in the caller's transaction against the
+	// limit, without that setting: RunTx with WithTimeouts(lock, 0), for a
+	// caller whose role or database sets the idle timeout already.
+	{name: "user_tx_fenced_no_idle/user_tx_limit", num: "user_tx_fenced_no_idle", den: "user_tx_limit"},
 	{name: "pipeline_fenced/pipeline_limit", num: "pipeline_fenced", den: "pipeline_limit"},
 	{name: "fenced_8_scopes_8_clients/limit_8_scopes_8_clients", num: "fenced_8_scopes_8_clients", den: "limit_8_scopes_8_clients"},
 	{name: "etcd_fenced_write/etcd_limit", num: "etcd_fenced_write", den: "etcd_limit"},
