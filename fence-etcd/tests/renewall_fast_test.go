@@ -281,6 +281,69 @@ func TestRenewAllFastReleaseThroughSameStore(t *testing.T) {
 	renewAllCalls(t, s, rc, without(gs, 1, 4), "LeaseKeepAlive Range", nil)
 }
 
+// TestRenewAllFastReleaseOffTheStoresLease: a Release through the store
+// that verified names, of a name on an etcd lease other than the store's
+// (acquired through another store), fails its compare on the lease, reads
+// the key, and releases it with a second transaction that deletes all the
+// holder's generation keys: the store's next RenewAll checks every name. A
+// Release through the store after another store deleted the generation
+// keys rewrites the key, finds it changed, and keeps nothing verified; a
+// Release of a grant already lost reads the key once, as without a
+// verified name.
+func TestRenewAllFastReleaseOffTheStoresLease(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 6, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+
+	og, err := other.Acquire(ctx, "on-other", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.take()
+	if err := s.Release(ctx, og); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.take(); got != "Txn Range Txn" {
+		t.Errorf("Release of a name on another store's lease: calls %q, want %q", got, "Txn Range Txn")
+	}
+	if st, err := f.leases.Inspect(ctx, og.Name); err != nil || st.Exists {
+		t.Fatalf("after the Release: %+v, %v; want the name free", st, err)
+	}
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
+
+	// Another store releases a verified name (and deletes the generation
+	// keys); then a Release through s finds its generation key changed.
+	if err := other.Release(ctx, gs[0]); err != nil {
+		t.Fatal(err)
+	}
+	rc.take()
+	if err := s.Release(ctx, gs[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.take(); got != "Txn" {
+		t.Errorf("Release through the store: calls %q, want one Txn", got)
+	}
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", map[int]string{
+		0: "no such lease (expired or released)", 1: "no such lease (expired or released)"})
+	rest := renewAllCalls(t, s, rc, without(gs, 0, 1), "LeaseKeepAlive Range", nil)
+
+	// Released twice: lost, one Get to say why.
+	rc.take()
+	err = s.Release(ctx, gs[1])
+	backendtest.WantHold(t, err, leasecore.ErrLost, "release", "no such lease (expired or released)")
+	if got := rc.take(); got != "Txn Range" {
+		t.Errorf("Release of a released grant: calls %q, want %q", got, "Txn Range")
+	}
+	renewAllCalls(t, s, rc, rest, "LeaseKeepAlive Range", nil)
+}
+
 // TestRenewAllFastTakeOver: an operator's TakeOver of one name (through
 // another store) makes the holder's next RenewAll report it lost, and the
 // other names renewed.
