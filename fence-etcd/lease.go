@@ -369,7 +369,8 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // store last saw it. When that compare fails but the key is g's (a name
 // acquired through another store, or before the store replaced its shared
 // lease), a Get and a second transaction, which deletes all of the holder's
-// generation keys, release it.
+// generation keys, release it; should that Get fail, Release returns its
+// error (not leasecore.ErrLost: the name may still be g's).
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
