@@ -242,11 +242,28 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 // --initial-cluster-token per cluster, which etcd recommends anyway, avoids
 // it.
 func tokenSpace(h *etcdserverpb.ResponseHeader) string {
-	if h.GetClusterId() == 0 {
+	id := h.GetClusterId()
+	if id == 0 {
 		return ""
 	}
-	return "etcd:" + strconv.FormatUint(h.GetClusterId(), 16)
+	// Every grant and renewal carries the space: the last one made is
+	// kept, so the string is built once per cluster, not per call.
+	if c := lastSpace.Load(); c != nil && c.id == id {
+		return c.space
+	}
+	c := &clusterSpace{id: id, space: "etcd:" + strconv.FormatUint(id, 16)}
+	lastSpace.Store(c)
+	return c.space
 }
+
+// clusterSpace is a cluster ID and its token space (see tokenSpace).
+type clusterSpace struct {
+	id    uint64
+	space string
+}
+
+// lastSpace is the token space tokenSpace built last.
+var lastSpace atomic.Pointer[clusterSpace]
 
 // putIfAbsent is Acquire's transaction: it creates key with value holder,
 // attached to etcd lease id, only if key does not exist.
@@ -341,46 +358,45 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // other names are attached to it.
 //
 // The same transaction changes the holder's generation keys (see
-// RenewAll). In shared mode, when the key hangs on this store's shared
-// lease for (g.Holder, g.TTL) and that lease's generation key is as the
-// store last saw it, it rewrites that key, and the names the store verified
-// on that lease keep RenewAll's fast path. Otherwise, and always without
-// shared leases, it deletes all of the holder's generation keys, and the
-// holder's next RenewAll on every store checks every name.
+// RenewAll). Without shared leases, and in shared mode while the store has
+// not seen the generation key of its shared lease for (g.Holder, g.TTL) — no
+// full RenewAll or AcquireAll of that holder and TTL has run on it — it
+// deletes all of them, and the holder's next RenewAll on every store checks
+// every name. Once the store has seen it, the transaction also compares the
+// key's etcd lease with that shared lease and rewrites the lease's
+// generation key instead: the names the store verified on the lease keep
+// RenewAll's fast path, unless the generation key had changed since the
+// store last saw it. When that compare fails but the key is g's (a name
+// acquired through another store, or before the store replaced its shared
+// lease), a Get and a second transaction, which deletes all of the holder's
+// generation keys, release it; should that Get fail, Release returns its
+// error (not leasecore.ErrLost: the name may still be g's).
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
 		return err
 	}
 	key := s.layout.Lease(g.Name)
-	var then []clientv3.Op
-	var gen releaseGenOp
 	if s.shared {
-		gen = s.releaseGen(key, g)
-		then = []clientv3.Op{clientv3.OpDelete(key), gen.op}
-	} else {
-		// The holder's generation keys are those of a store in shared
-		// mode, which a store in this mode must not release names of
-		// (WithSharedLeases); should it, the revoke below ends the
-		// shared lease and its generation key with it — unless it
-		// fails, which is why they are deleted here too. A delete of a
-		// range with no key in it costs the server next to nothing.
-		then = []clientv3.Op{clientv3.OpDelete(key, clientv3.WithPrevKV()),
-			clientv3.OpDelete(s.layout.HolderGenPrefix(g.Holder), clientv3.WithPrefix())}
+		return s.releaseShared(ctx, op, key, g)
 	}
+	// The holder's generation keys are those of a store in shared mode,
+	// which a store in this mode must not release names of
+	// (WithSharedLeases); should it, the revoke below ends the shared lease
+	// and its generation key with it — unless it fails, which is why they
+	// are deleted here too. A delete of a range with no key in it costs the
+	// server next to nothing.
 	resp, err := s.kv.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
 			clientv3.Compare(clientv3.Value(key), "=", g.Holder)).
-		Then(then...).
+		Then(clientv3.OpDelete(key, clientv3.WithPrevKV()),
+			clientv3.OpDelete(s.layout.HolderGenPrefix(g.Holder), clientv3.WithPrefix())).
 		Commit()
 	if err != nil {
 		return etcdkv.MapError(ctx, pkg, op, err)
 	}
 	if !resp.Succeeded {
 		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
-	}
-	if s.shared {
-		s.releasedGen(g, gen, resp)
 	}
 	if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) > 0 && prev[0].Lease != 0 {
 		s.revoke(ctx, clientv3.LeaseID(prev[0].Lease))

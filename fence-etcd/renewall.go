@@ -73,9 +73,10 @@ const keepAliveParallel = 16
 // store remembered and runs the full check. So the full check runs on the
 // first RenewAll of a shared lease; after a take-over of any name of the
 // holder, or a release through another store (a Release through this store
-// of a name on its shared lease rewrites the generation key from the
-// revision it remembered and keeps the fast path for the names it still
-// holds); when gs has a name acquired since the last full check, or
+// of a name on its shared lease, once the store has read that lease's
+// generation key, rewrites the key and, when it still had the revision the
+// store remembered, keeps the fast path for the names it still holds); when
+// gs has a name acquired since the last full check, or
 // several TTLs; and after the shared lease was replaced.
 //
 // Delete lease keys only through Release or TakeOver. A lease key deleted

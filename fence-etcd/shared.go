@@ -398,29 +398,77 @@ func (s *LeaseStore) acquiredGen(gen acquireGenOp, names []string, resp *clientv
 	}
 }
 
+// releaseShared is Release in shared mode (see Release): one transaction,
+// whose compares and second operation releaseGen chooses; when its
+// compare on the key's etcd lease fails, a Get says whether the key is
+// still g's, and a second transaction deleting all the holder's generation
+// keys releases it.
+func (s *LeaseStore) releaseShared(ctx context.Context, op, key string, g leasecore.Grant) error {
+	gen := s.releaseGen(key, g)
+	resp, err := s.releaseTxn(ctx, key, g, gen)
+	if err != nil {
+		return etcdkv.MapError(ctx, pkg, op, err)
+	}
+	if !resp.Succeeded && gen.sl != nil {
+		// The compare on the etcd lease may be the one that failed.
+		got, err := s.kv.Get(ctx, key)
+		if err != nil {
+			return etcdkv.MapError(ctx, pkg, op, err)
+		}
+		if reason := lostReason(got.Kvs, g); reason != "" {
+			return lostHold(op, g, reason)
+		}
+		// g's, on an etcd lease other than the store's: whoever verified
+		// the name verified it on that lease, whose generation key the
+		// store does not know.
+		gen = s.releaseGenAll(g.Holder)
+		if resp, err = s.releaseTxn(ctx, key, g, gen); err != nil {
+			return etcdkv.MapError(ctx, pkg, op, err)
+		}
+	}
+	if !resp.Succeeded {
+		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
+	}
+	s.releasedGen(g, gen, resp)
+	return nil
+}
+
+// releaseTxn sends a shared-mode Release's transaction: the delete of key
+// while it is g's (and gen's compares hold), with gen's operation.
+func (s *LeaseStore) releaseTxn(ctx context.Context, key string, g leasecore.Grant, gen releaseGenOp) (*clientv3.TxnResponse, error) {
+	cmps := make([]clientv3.Cmp, 0, 3)
+	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
+		clientv3.Compare(clientv3.Value(key), "=", g.Holder))
+	if gen.sl != nil {
+		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(key), "=", gen.id))
+	}
+	return s.kv.Txn(ctx).If(cmps...).Then(clientv3.OpDelete(key), gen.op).Commit()
+}
+
 // releaseGenOp is the operation on the holder's generation keys in a
 // shared-mode Release's transaction (see releaseGen), and what the store
 // knew when it was made.
 type releaseGenOp struct {
 	op     clientv3.Op
 	sl     *sharedLease     // nil: op deletes every generation key of the holder
-	id     clientv3.LeaseID // sl's etcd lease
-	genRev int64            // its generation key's mod revision as last seen, or 0
+	id     clientv3.LeaseID // sl's etcd lease, which the key must be attached to
+	genRev int64            // its generation key's mod revision as last seen
 }
 
 // releaseGen returns the operation a shared-mode Release of g (whose lease
 // key is key) runs beside the delete of key, in the same transaction, so
 // that no store's RenewAll keeps reporting g's name renewed on its fast
-// path: when the key is attached to this store's shared lease id for
-// (g.Holder, g.TTL) and the lease's generation key still has the mod
-// revision the store last saw (or, not seen yet, exists), a rewrite of that
-// generation key (its lease is alive: the key attached to it exists);
-// otherwise a delete of all of the holder's generation keys, which every
-// store of the holder sees at its next RenewAll. The compares run on the
-// state before the transaction, the key included.
+// path. When this store has seen the generation key of its shared lease id
+// for (g.Holder, g.TTL) (a full RenewAll or an AcquireAll did) it is a put
+// of that generation key returning the key as it was (prev_kv), which says
+// whether it still had the revision the store last saw, and the
+// transaction then also compares the key's etcd lease with id (the put
+// needs the lease alive, which the key attached to it shows). Otherwise it
+// is a delete of all of the holder's generation keys (releaseGenAll), which
+// every store of the holder sees at its next RenewAll, and no compare: the
+// store has no fast path on its lease to keep, and whoever verified the
+// name, on whatever lease, checks again.
 func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGenOp {
-	prefix := s.layout.HolderGenPrefix(g.Holder)
-	delAll := clientv3.OpDelete(prefix, clientv3.WithPrefix())
 	s.mu.Lock()
 	sl := s.pool[sharedKey{g.Holder, g.TTL}]
 	var (
@@ -431,44 +479,50 @@ func (s *LeaseStore) releaseGen(key string, g leasecore.Grant) releaseGenOp {
 		id, genRev = sl.id, sl.ver.genRev
 	}
 	s.mu.Unlock()
-	if id == 0 {
-		return releaseGenOp{op: delAll}
-	}
-	gen := s.layout.HolderGen(g.Holder, int64(id))
-	same := clientv3.Compare(clientv3.ModRevision(gen), "=", genRev)
-	if genRev == 0 {
-		same = clientv3.Compare(clientv3.CreateRevision(gen), ">", 0)
+	if id == 0 || genRev == 0 {
+		return s.releaseGenAll(g.Holder)
 	}
 	return releaseGenOp{
-		op: clientv3.OpTxn(
-			[]clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(key), "=", id), same},
-			[]clientv3.Op{clientv3.OpPut(gen, "", clientv3.WithLease(id))},
-			[]clientv3.Op{delAll}),
+		op: clientv3.OpPut(s.layout.HolderGen(g.Holder, int64(id)), "", clientv3.WithLease(id), clientv3.WithPrevKV()),
 		sl: sl, id: id, genRev: genRev,
 	}
+}
+
+// releaseGenAll is the operation of a Release that deletes all of holder's
+// generation keys.
+func (s *LeaseStore) releaseGenAll(holder string) releaseGenOp {
+	return releaseGenOp{op: clientv3.OpDelete(s.layout.HolderGenPrefix(holder), clientv3.WithPrefix())}
 }
 
 // releasedGen updates what the store verified after the Release of g,
 // whose transaction resp ran gen.op: g's name is no longer verified; when
 // the generation key was rewritten from the revision the names were
 // verified at, they stay verified at its new revision (nothing else of the
-// holder's on that lease was removed between: the compare saw the old
-// revision); when all generation keys of the holder were deleted, nothing of
-// the holder's stays verified.
+// holder's on that lease was removed between: the key had not changed);
+// when it had changed, nothing on that lease stays verified; when all
+// generation keys of the holder were deleted, nothing of the holder's
+// stays verified.
 func (s *LeaseStore) releasedGen(g leasecore.Grant, gen releaseGenOp, resp *clientv3.TxnResponse) {
-	if gen.sl == nil || !resp.Responses[1].GetResponseTxn().GetSucceeded() {
+	if gen.sl == nil {
 		s.holderGensGone(g.Holder)
 		return
 	}
+	prev := resp.Responses[1].GetResponsePut().GetPrevKv()
+	same := prev != nil && prev.ModRevision == gen.genRev
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sl := gen.sl
 	if sl.id != gen.id {
 		return
 	}
-	delete(sl.ver.names, g.Name)
-	if sl.ver.genRev == gen.genRev {
+	switch {
+	case !same:
+		sl.ver = verified{genRev: resp.Header.Revision}
+	case sl.ver.genRev == gen.genRev:
+		delete(sl.ver.names, g.Name)
 		sl.ver.genRev = resp.Header.Revision
+	default:
+		delete(sl.ver.names, g.Name)
 	}
 }
 

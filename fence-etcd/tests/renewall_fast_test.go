@@ -13,6 +13,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -279,6 +281,115 @@ func TestRenewAllFastReleaseThroughSameStore(t *testing.T) {
 		t.Fatal(err)
 	}
 	renewAllCalls(t, s, rc, without(gs, 1, 4), "LeaseKeepAlive Range", nil)
+}
+
+// TestRenewAllFastReleaseOffTheStoresLease: a Release through the store
+// that verified names, of a name on an etcd lease other than the store's
+// (acquired through another store), fails its compare on the lease, reads
+// the key, and releases it with a second transaction that deletes all the
+// holder's generation keys: the store's next RenewAll checks every name. A
+// Release through the store after another store deleted the generation
+// keys rewrites the key, finds it changed, and keeps nothing verified; a
+// Release of a grant already lost reads the key once, as without a
+// verified name.
+func TestRenewAllFastReleaseOffTheStoresLease(t *testing.T) {
+	f := newFixture(t)
+	cli, rc := countingClient(t)
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 6, time.Minute)
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+
+	og, err := other.Acquire(ctx, "on-other", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.take()
+	if err := s.Release(ctx, og); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.take(); got != "Txn Range Txn" {
+		t.Errorf("Release of a name on another store's lease: calls %q, want %q", got, "Txn Range Txn")
+	}
+	if st, err := f.leases.Inspect(ctx, og.Name); err != nil || st.Exists {
+		t.Fatalf("after the Release: %+v, %v; want the name free", st, err)
+	}
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", nil)
+	renewAllCalls(t, s, rc, gs, "LeaseKeepAlive Range", nil)
+
+	// Another store releases a verified name (and deletes the generation
+	// keys); then a Release through s finds its generation key changed.
+	if err := other.Release(ctx, gs[0]); err != nil {
+		t.Fatal(err)
+	}
+	rc.take()
+	if err := s.Release(ctx, gs[1]); err != nil {
+		t.Fatal(err)
+	}
+	if got := rc.take(); got != "Txn" {
+		t.Errorf("Release through the store: calls %q, want one Txn", got)
+	}
+	renewAllCalls(t, s, rc, gs, "Txn LeaseKeepAlive", map[int]string{
+		0: "no such lease (expired or released)", 1: "no such lease (expired or released)"})
+	rest := renewAllCalls(t, s, rc, without(gs, 0, 1), "LeaseKeepAlive Range", nil)
+
+	// Released twice: lost, one Get to say why.
+	rc.take()
+	err = s.Release(ctx, gs[1])
+	backendtest.WantHold(t, err, leasecore.ErrLost, "release", "no such lease (expired or released)")
+	if got := rc.take(); got != "Txn Range" {
+		t.Errorf("Release of a released grant: calls %q, want %q", got, "Txn Range")
+	}
+	renewAllCalls(t, s, rc, rest, "LeaseKeepAlive Range", nil)
+}
+
+// TestReleaseOffTheStoresLeaseReadFails: when the Get after a failed
+// compare on the key's etcd lease fails, Release returns that error, not
+// leasecore.ErrLost, and the name stays held: the key may still be the
+// grant's, as it is here. Released again once the read works, it is
+// released.
+func TestReleaseOffTheStoresLeaseReadFails(t *testing.T) {
+	f := newFixture(t)
+	var failRange atomic.Bool
+	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if failRange.Load() && strings.HasSuffix(method, "/Range") {
+				return status.Error(codes.ResourceExhausted, "injected: the read fails") // not retried by the client
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	s := sharedStore(t, f, cli)
+	defer s.Close()
+	other := sharedStore(t, f, etcdtest.Client(t))
+	defer other.Close()
+	ctx := context.Background()
+	gs := acquireN(t, s, "shard", "holder-a", 2, time.Minute)
+	if _, _, err := s.RenewAll(ctx, gs); err != nil { // the store reads its generation key
+		t.Fatal(err)
+	}
+	og, err := other.Acquire(ctx, "on-other", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failRange.Store(true)
+	err = s.Release(ctx, og)
+	failRange.Store(false)
+	if !errors.Is(err, leasecore.ErrUnavailable) || errors.Is(err, leasecore.ErrLost) {
+		t.Fatalf("Release with the read failing: %v; want ErrUnavailable, not ErrLost", err)
+	}
+	if st, err := f.leases.Inspect(ctx, og.Name); err != nil || !st.Exists || st.Token != og.Token {
+		t.Fatalf("after the failed Release: %+v, %v; want the name still held with token %d", st, err, og.Token)
+	}
+	if err := s.Release(ctx, og); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := f.leases.Inspect(ctx, og.Name); err != nil || st.Exists {
+		t.Fatalf("after the Release: %+v, %v; want the name free", st, err)
+	}
 }
 
 // TestRenewAllFastTakeOver: an operator's TakeOver of one name (through

@@ -51,7 +51,8 @@ func run(ctx context.Context, cfg config) (err error) {
 	fmt.Fprintf(w, "# table: median, min, max over all runs of a variant (a baseline runs once per ratio), allocations per call (a batch, a RenewAll) from the warm-up;\n")
 	fmt.Fprintf(w, "# RATIO: median over rounds of the ratio measured within the round (two variants of this run, never of two runs);\n")
 	fmt.Fprintf(w, "# the N-client ratios compare throughput (above 1: the fenced side is faster), but every ratio to a limit variant (the unfenced\n")
-	fmt.Fprintf(w, "# write plus one statement, for etcd one compare, in the same round trip and transaction) compares time per write: above 1, the fence costs more\n\n")
+	fmt.Fprintf(w, "# write plus one statement, for etcd one compare, in the same round trip and transaction; for etcd's acquire+release, the Mutex's\n")
+	fmt.Fprintf(w, "# two requests with a compare each) compares time per write: above 1, the fence costs more\n\n")
 
 	smp, err := newSampler(ctx, say, cfg.rounds, variants)
 	if err != nil {

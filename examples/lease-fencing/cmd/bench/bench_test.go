@@ -55,6 +55,7 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO pipeline_fenced/pipeline_limit ",
 		"RATIO fenced_8_scopes_8_clients/limit_8_scopes_8_clients ",
 		"RATIO etcd_fenced_write/etcd_limit ",
+		"RATIO etcd_acquire_release/etcd_acquire_release_limit ",
 		"compares time per write: above 1, the fence costs more",
 		"RATIO handoff_p50_etcd_campaign/etcd_election ",
 		"RATIO handoff_p50_etcd_campaign_shared/etcd_election ",
@@ -98,7 +99,8 @@ func TestBenchRuns(t *testing.T) {
 	}
 	// Every limit variant has a row in the table (name, median, min, max,
 	// runs, allocs, bytes), measured in the one round.
-	for _, name := range []string{"fenced_write_limit", "user_tx_limit", "pipeline_limit", "limit_8_scopes_8_clients", "etcd_limit"} {
+	for _, name := range []string{"fenced_write_limit", "user_tx_limit", "pipeline_limit", "limit_8_scopes_8_clients", "etcd_limit",
+		"etcd_acquire_release_limit"} {
 		found := false
 		for line := range strings.Lines(out.String()) {
 			if f := strings.Fields(line); len(f) == 7 && f[0] == name && f[4] == "1" {
@@ -123,6 +125,7 @@ func TestLimitRatios(t *testing.T) {
 		"pipeline_fenced":           "pipeline_limit",
 		"fenced_8_scopes_8_clients": "limit_8_scopes_8_clients",
 		"etcd_fenced_write":         "etcd_limit",
+		"etcd_acquire_release":      "etcd_acquire_release_limit",
 	}
 	uses := map[string]int{}
 	for _, r := range ratios {
@@ -138,7 +141,8 @@ func TestLimitRatios(t *testing.T) {
 	for num, den := range want {
 		t.Errorf("no ratio %s/%s with %s as num", num, den, num)
 	}
-	for den, n := range map[string]int{"fenced_write_limit": 1, "user_tx_limit": 2, "pipeline_limit": 1, "limit_8_scopes_8_clients": 1, "etcd_limit": 1} {
+	for den, n := range map[string]int{"fenced_write_limit": 1, "user_tx_limit": 2, "pipeline_limit": 1, "limit_8_scopes_8_clients": 1, "etcd_limit": 1,
+		"etcd_acquire_release_limit": 1} {
 		if uses[den] != n {
 			t.Errorf("%s is in %d ratios, want %d", den, uses[den], n)
 		}

@@ -121,6 +121,9 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 	if _, err := e.cli.Put(ctx, limitFloorKey, limitToken); err != nil {
 		return nil, err
 	}
+	// The acquire+release limit's key: as long as the fenced name's
+	// (/bench/leases/lease/daily-report).
+	const limitLeaseKey = "/bench/limits/lease/daily-report"
 	var shards []leasecore.Grant
 	for i := range 1000 {
 		g, err := leases.Acquire(ctx, fmt.Sprintf("shard-%04d", i), "bench-shards", 60*time.Second)
@@ -170,6 +173,30 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 		{name: "etcd_renew_1000_leases_per_lease", perOp: 1000, op: func() error {
 			_, lost, err := leases.RenewAll(ctx, shards)
 			return errors.Join(err, errors.Join(lost...))
+		}},
+		// etcd_acquire_release_limit, the least any fenced acquire+release
+		// on etcd sends: the Mutex's two requests, but the acquire creates
+		// the name's key only if absent (a fenced name has one key, shared
+		// by all its holders in turn, where each Mutex session has a key of
+		// its own) and the release deletes it only while it is this
+		// holder's (one compare on its create revision, the token). The key
+		// hangs on the Mutex session's etcd lease, as a shared-mode name
+		// hangs on its holder's, and is as long as the fenced one.
+		{name: "etcd_acquire_release_limit", perOp: 1, op: func() error {
+			r, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(limitLeaseKey), "=", 0)).
+				Then(clientv3.OpPut(limitLeaseKey, "holder-a", clientv3.WithLease(session.Lease()))).Commit()
+			if err != nil {
+				return err
+			}
+			if !r.Succeeded {
+				return errors.New("acquire+release limit: the key exists")
+			}
+			d, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(limitLeaseKey), "=", r.Header.Revision)).
+				Then(clientv3.OpDelete(limitLeaseKey)).Commit()
+			if err == nil && !d.Succeeded {
+				err = errors.New("acquire+release limit: the key is not the holder's")
+			}
+			return err
 		}},
 		{name: "etcd_acquire_release", perOp: 1, op: func() error {
 			g, err := leases.Acquire(ctx, "daily-report", "holder-a", 60*time.Second)

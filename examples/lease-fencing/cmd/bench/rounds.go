@@ -67,9 +67,12 @@ var ratios = []ratio{
 	// Each fenced path against its limit: the unfenced write plus one
 	// statement (etcd: one compare) in the same round trip and
 	// transaction, the least any fence of that shape could cost (see
-	// limitRead). All five compare time per write, the 8-client one too
-	// (unlike the other concurrent ratios, which compare throughput): above
-	// 1 means the fence costs more than its limit.
+	// limitRead); for etcd's acquire+release, the Mutex's two requests with
+	// the acquire's put only if the key is absent and the release's delete
+	// only while the key is the holder's (one compare). All six compare
+	// time per operation, the 8-client one too (unlike the other concurrent
+	// ratios, which compare throughput): above 1 means the fence costs more
+	// than its limit.
 	{name: "fenced_write/fenced_write_limit", num: "fenced_write", den: "fenced_write_limit"},
 	{name: "user_tx_fenced/user_tx_limit", num: "user_tx_fenced", den: "user_tx_limit"},
 	// What RunTx's idle-in-transaction timeout costs it: its setting is one
@@ -82,6 +85,7 @@ var ratios = []ratio{
 	{name: "pipeline_fenced/pipeline_limit", num: "pipeline_fenced", den: "pipeline_limit"},
 	{name: "fenced_8_scopes_8_clients/limit_8_scopes_8_clients", num: "fenced_8_scopes_8_clients", den: "limit_8_scopes_8_clients"},
 	{name: "etcd_fenced_write/etcd_limit", num: "etcd_fenced_write", den: "etcd_limit"},
+	{name: "etcd_acquire_release/etcd_acquire_release_limit", num: "etcd_acquire_release", den: "etcd_acquire_release_limit"},
 	// What a durable commit costs in this run: a single-row upsert against
 	// a round trip that commits nothing (see commitCost).
 	{name: commitCostRatio, num: "unfenced_upsert", den: "select_1", info: true},
