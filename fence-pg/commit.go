@@ -311,9 +311,12 @@ func (f *fenceCore) accepted(op string, c leasecore.Claim) leasecore.Result {
 }
 
 // RunTx is Fence.RunTx on the FenceDB's database/sql pool, with fn
-// given a *sql.Tx. BEGIN, the early read and (with a lock timeout) its
-// setting are one round trip each; at the end the comparison and COMMIT
-// are two, since database/sql cannot pipeline them: the comparison's share
+// given a *sql.Tx. BEGIN, the lock timeout's setting (when one is set) and
+// the early read are a round trip each — once the Fence has seen the floor
+// at the token, the idle timeout's setting, a statement without parameters,
+// takes the early read's place (lib/pq sends a statement with parameters
+// in two round trips unless the DSN sets binary_parameters=yes); at the end
+// the comparison and COMMIT are two, since database/sql cannot pipeline them: the comparison's share
 // lock of the floor row is held for the one round trip between them. A
 // holder frozen there makes a newer holder's Advance (and fenced writes)
 // wait until it wakes or the idle-in-transaction timeout ends its session;
@@ -486,12 +489,15 @@ func (f *FenceDB) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*
 		return nil, 0, err
 	}
 	floor := int64(c.Token)
-	var setting string
-	switch idle := f.idleSetting(); {
+	switch {
 	case !f.seen.at(c.Scope, c.Token):
-		err = tx.QueryRowContext(ctx, f.stmt.earlyRead, c.Scope, idle).Scan(&floor, &setting)
-	case idle != nil:
-		err = tx.QueryRowContext(ctx, f.stmt.settings, idle).Scan(&setting)
+		var setting string
+		err = tx.QueryRowContext(ctx, f.stmt.earlyRead, c.Scope, f.idleSetting()).Scan(&floor, &setting)
+	case f.stmt.setIdle != "":
+		// No arguments: lib/pq sends it with the simple protocol, one
+		// round trip, where a statement with a parameter is prepared
+		// first, two.
+		_, err = tx.ExecContext(ctx, f.stmt.setIdle)
 	}
 	if err != nil {
 		_ = tx.Rollback()

@@ -115,8 +115,8 @@ type fenceCore struct {
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
 	// the fast paths (floor = token), the first statements of RunTx
-	shared, earlyRead, settings, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
-	// setIdle sets the idle timeout in a pgx RunTx whose Fence has seen the
+	shared, earlyRead, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
+	// setIdle sets the idle timeout in a RunTx whose Fence has seen the
 	// floor at the token (pgsql.FenceSetIdle); empty without a timeout.
 	setIdle string
 }
@@ -132,7 +132,7 @@ func newFenceCore(db dbx.DB, cfg config) fenceCore {
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
-			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), settings: pgsql.FenceSettings, guardOrRaise: in(pgsql.FenceGuardOrRaise),
+			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), guardOrRaise: in(pgsql.FenceGuardOrRaise),
 			writeShared: in(pgsql.FencedWriteShared), writeBatchShared: in(pgsql.FencedWriteBatchShared),
 			writeManyShared: in(pgsql.FencedWriteManyShared), setIdle: setIdle,
 		},

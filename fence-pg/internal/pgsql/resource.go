@@ -112,19 +112,17 @@ func idleTimeout(param string) string {
 // would reject too.
 var FenceEarlyRead = `SELECT coalesce((SELECT max_token FROM leasefence.fence_floor WHERE scope = $1::text), 0), ` + idleTimeout("$2")
 
-// FenceSettings is FenceEarlyRead without the read: the first statement
-// of a database/sql fenced transaction (fencepg.FenceDB) whose Fence has
-// seen the floor at the token already; it only sets the idle timeout $1.
-var FenceSettings = `SELECT ` + idleTimeout("$1")
-
-// FenceSetIdle, followed by the timeout in milliseconds, is FenceSettings
-// for a pgx fenced transaction (fencepg.Fence), queued in the round trip of
-// its BEGIN: the same transaction-local setting as a utility statement,
-// which the server neither plans nor answers with a row. In that batch the
-// SELECT cost about twice as much, on the server and in pgx (an alternating
-// probe: 1.05 of the transaction without it, against 1.02). SET LOCAL
-// needs the transaction block BEGIN opened; it takes no parameter, so the
-// value is part of the statement (one statement per Fence).
+// FenceSetIdle, followed by the timeout in milliseconds, is the first
+// statement of a fenced transaction whose Fence has seen the floor at the
+// token already: FenceEarlyRead's setting without the read, as a utility
+// statement, which the server neither plans nor answers with a row. pgx
+// (fencepg.Fence) queues it in the round trip of its BEGIN, where a
+// SELECT set_config(...) cost about twice as much, on the server and in
+// pgx (an alternating probe: 1.05 of the transaction without it, against
+// 1.02); database/sql (fencepg.FenceDB) sends it on its own, and with no
+// parameter lib/pq sends it in one round trip, not two. SET LOCAL needs
+// the transaction block BEGIN opened; it takes no parameter, so the value
+// is part of the statement (one statement per Fence).
 const FenceSetIdle = `SET LOCAL idle_in_transaction_session_timeout = `
 
 // FenceShared is sharedFloor on its own: the comparison a database/sql
