@@ -242,28 +242,11 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 // --initial-cluster-token per cluster, which etcd recommends anyway, avoids
 // it.
 func tokenSpace(h *etcdserverpb.ResponseHeader) string {
-	id := h.GetClusterId()
-	if id == 0 {
+	if h.GetClusterId() == 0 {
 		return ""
 	}
-	// Every grant and renewal carries the space: the last one made is
-	// kept, so the string is built once per cluster, not per call.
-	if c := lastSpace.Load(); c != nil && c.id == id {
-		return c.space
-	}
-	c := &clusterSpace{id: id, space: "etcd:" + strconv.FormatUint(id, 16)}
-	lastSpace.Store(c)
-	return c.space
+	return "etcd:" + strconv.FormatUint(h.GetClusterId(), 16)
 }
-
-// clusterSpace is a cluster ID and its token space (see tokenSpace).
-type clusterSpace struct {
-	id    uint64
-	space string
-}
-
-// lastSpace is the token space tokenSpace built last.
-var lastSpace atomic.Pointer[clusterSpace]
 
 // putIfAbsent is Acquire's transaction: it creates key with value holder,
 // attached to etcd lease id, only if key does not exist.

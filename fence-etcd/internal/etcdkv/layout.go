@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -131,15 +132,10 @@ func (l Layout) Fenced() []string {
 // unchanged mod revision of this key means that none of holder's lease keys
 // attached to the lease was removed in between (see fenceetcd's RenewAll).
 func (l Layout) HolderGen(holder string, id int64) string {
-	// Built by hand, not with fmt: RenewAll's fast path and every shared
-	// Release or AcquireAll that rewrites it build it per call.
-	const digits = "0123456789abcdef"
-	var hex [1 + 16]byte
-	hex[0] = '/'
-	for i, u := 16, uint64(id); i > 0; i, u = i-1, u>>4 {
-		hex[i] = digits[u&0xf]
-	}
-	return l.key("holdergen", holder) + string(hex[:])
+	// Not with fmt: RenewAll's fast path and every shared Release or
+	// AcquireAll that rewrites it build it per call.
+	digits := strconv.FormatUint(uint64(id), 16)
+	return l.HolderGenPrefix(holder) + strings.Repeat("0", 16-len(digits)) + digits
 }
 
 // HolderGenPrefix is the prefix of every generation key of holder, "/"
