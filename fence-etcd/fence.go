@@ -368,7 +368,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			// The floor was at least c.Token after our Advance and only
 			// Advance writes it: someone wrote it outside the fence.
 			return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
-				"key %q was written outside the fence", pkg, op, c.Scope, floor, c.Token, floorKey)
+				"key %q was written outside the fence: %w", pkg, op, c.Scope, floor, c.Token, floorKey, leasecore.ErrConfig)
 		}
 		res, err := f.advance(ctx, op, c)
 		if err != nil {

@@ -141,7 +141,7 @@ func sealFrom(scope, to string, floorKvs, spaceKvs []*mvccpb.KeyValue) (leasecor
 	}
 	if floor == leasecore.SealedFloor {
 		return leasecore.ScopeSeal{}, fmt.Errorf("scope %q: the floor was the sealed floor before the seal, with no seal record: "+
-			"key %q was written outside the fence", scope, floorKvs[0].Key)
+			"key %q was written outside the fence: %w", scope, floorKvs[0].Key, leasecore.ErrConfig)
 	}
 	s := leasecore.ScopeSeal{Scope: scope, To: to, Floor: floor}
 	if len(spaceKvs) > 0 && floor > 0 {
@@ -201,7 +201,7 @@ func (f *Fence) sealOf(scope string, floor leasecore.Token, key, value []byte) (
 	}
 	if floor != leasecore.SealedFloor {
 		return leasecore.ScopeSeal{}, fmt.Errorf("scope %q: key %q holds a seal record but the floor is %d, not the sealed floor: "+
-			"the floor was written outside the fence", scope, key, floor)
+			"the floor was written outside the fence: %w", scope, key, floor, leasecore.ErrConfig)
 	}
 	return rec.ScopeSeal(scope), nil
 }
@@ -322,8 +322,8 @@ func (f *Fence) movedError(ctx context.Context, op string, c leasecore.Claim) er
 	}
 	kvs := resp.Responses[1].GetResponseRange().Kvs
 	if len(kvs) == 0 {
-		return fmt.Errorf("%s: %s: scope %q: the floor is the sealed floor but key %q holds no seal record: it was written outside the fence",
-			pkg, op, c.Scope, f.layout.Moved(c.Scope))
+		return fmt.Errorf("%s: %s: scope %q: the floor is the sealed floor but key %q holds no seal record: it was written outside the fence: %w",
+			pkg, op, c.Scope, f.layout.Moved(c.Scope), leasecore.ErrConfig)
 	}
 	s, err := f.sealOf(c.Scope, floor, kvs[0].Key, kvs[0].Value)
 	if err != nil {

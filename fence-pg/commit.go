@@ -57,6 +57,16 @@ import (
 //     that beat c.Token (with a *leasecore.TokenSpaceError when it is from
 //     another token space, see Fence), and nothing fn wrote is kept.
 //
+// A floor below c.Token at the comparison, after this Fence raised it to
+// c.Token or saw it at c.Token, is not a rejection: floors only go up, so
+// it was written outside the fence, or the database lost committed
+// transactions (and with them, perhaps, writes of this holding period).
+// With the default attempt log RunTx then returns an error wrapping
+// leasecore.ErrConfig, nothing committed, and does so for every later
+// transaction of that holding period through this Fence. With
+// leasecore.LogAll the comparison is the full check, which raises the
+// floor back to c.Token and commits, as FenceDB.RunTx's does.
+//
 // A holder frozen inside fn (a GC pause, SIGSTOP) therefore holds up no
 // newer writer on the fence: a newer holder's Advance or write goes
 // through at once, and the frozen holder's transaction is rejected when it
@@ -290,15 +300,22 @@ func (f *FenceDB) raiseSQL(ctx context.Context, op string, c leasecore.Claim) er
 }
 
 // notBelow returns the error for a floor found below c.Token where it can
-// only be at or above it: right after it was raised to c.Token, or under
-// the share lock of a check that it equals c.Token. Floors only go up, so
-// it was written outside the fence.
+// only be at or above it: after RunTx raised it to c.Token, or, on pgx
+// with the default attempt log, at the comparison before COMMIT when this
+// Fence saw it at c.Token (seenFloors). Floors only go up, so it was
+// written outside the fence, or the database lost the transaction that
+// raised it: the error wraps leasecore.ErrConfig. A pgx Fence keeps the
+// floor it saw, so the holding period of c.Token meets the error again on
+// each RunTx through it: its writes since that raise may have been lost
+// with the raise. (The full check, FenceDB's comparison when the floor is
+// not the token and pgx's with LogAll, raises a floor below the token as
+// a holder's first write does.)
 func (f *fenceCore) notBelow(op string, c leasecore.Claim, floor int64) error {
 	if leasecore.Token(floor) >= c.Token {
 		return nil
 	}
-	return fmt.Errorf("%s: %s: the floor of scope %q is %d, below %d, right after it was raised to %d: it was written outside the fence, or the database lost committed transactions (a failover to a replica that lacked them, a restore)",
-		pkg, op, c.Scope, floor, c.Token, c.Token)
+	return fmt.Errorf("%s: %s: the floor of scope %q is %d, below %d, which this Fence raised it to or saw it at: it was written outside the fence, or the database lost committed transactions (a failover to a replica that lacked them, a restore): %w",
+		pkg, op, c.Scope, floor, c.Token, leasecore.ErrConfig)
 }
 
 // accepted reports and returns an accepted commit.

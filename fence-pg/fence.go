@@ -490,8 +490,8 @@ func (f *Fence) SendBatch(ctx context.Context, s BatchSender, c leasecore.Claim,
 		case advanced:
 			// Only ever raised, the floor was c.Token or more after the
 			// advance: it was written outside the fence.
-			return leasecore.Result{}, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: it was written outside the fence, or the database lost committed transactions (a failover to a replica that lacked them, a restore)",
-				pkg, op, c.Scope, floor, c.Token)
+			return leasecore.Result{}, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: it was written outside the fence, or the database lost committed transactions (a failover to a replica that lacked them, a restore): %w",
+				pkg, op, c.Scope, floor, c.Token, leasecore.ErrConfig)
 		}
 		res, err := f.advance(ctx, c) // reported as this send batch, not as an Advance
 		if err != nil || !res.Accepted {

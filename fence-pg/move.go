@@ -231,7 +231,7 @@ func decodeSeal(scope, rec string) (leasecore.ScopeSeal, error) {
 	if err := json.Unmarshal([]byte(rec), &r); err != nil || r.MovedTo == nil || r.Floor == nil ||
 		*r.Floor < 0 || leasecore.Token(*r.Floor) > backendkit.MaxToken {
 		return leasecore.ScopeSeal{}, fmt.Errorf("scope %q: the floor is the sealed floor %d but its row holds no seal record (%q): "+
-			"it was written outside the fence", scope, leasecore.SealedFloor, rec)
+			"it was written outside the fence: %w", scope, leasecore.SealedFloor, rec, leasecore.ErrConfig)
 	}
 	s := leasecore.ScopeSeal{Scope: scope, To: *r.MovedTo, Floor: leasecore.Token(*r.Floor)}
 	if r.TokenSpace != nil {

@@ -44,9 +44,13 @@ var (
 	// role, an authentication failure, a missing privilege (the wrapping
 	// error names the grant), a connection pooler that breaks the driver's
 	// prepared statements, a server that does not keep its writes across
-	// a crash (fsync off). The wrapping error says what to change. A
-	// retry loop (Campaign) returns it instead of retrying; a deployment
-	// should meet it at start-up, from the backend's start-up check.
+	// a crash (fsync off), a fence's floor in a state that only a write
+	// outside the fence or lost committed transactions leave (a floor
+	// below a token the fence raised it to, the sealed floor without its
+	// seal record, a value that is not a token). The wrapping error says
+	// what to change. A retry loop (Campaign) returns it instead of
+	// retrying; a deployment should meet it at start-up, from the
+	// backend's start-up check.
 	ErrConfig = errors.New("leasecore: backend misconfigured")
 
 	// ErrTokenSpace: a fence rejected a claim because the scope's floor

@@ -41,14 +41,15 @@ func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error
 
 // FloorOf decodes a floor (or any token key) from the result of a Get of
 // its key, in a plain Get or inside a transaction: 0 when the key does not
-// exist.
+// exist. A value that is not a token was written outside the fence: the
+// error wraps leasecore.ErrConfig.
 func FloorOf(kvs []*mvccpb.KeyValue) (leasecore.Token, error) {
 	if len(kvs) == 0 {
 		return 0, nil
 	}
 	t, err := DecodeToken(string(kvs[0].Value))
 	if err != nil {
-		return 0, fmt.Errorf("key %q: %w", kvs[0].Key, err)
+		return 0, fmt.Errorf("key %q: %w (written outside the fence): %w", kvs[0].Key, err, leasecore.ErrConfig)
 	}
 	return t, nil
 }
