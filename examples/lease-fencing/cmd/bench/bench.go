@@ -24,8 +24,9 @@ type config struct {
 	scaling string
 	docs    string
 	// handoffSamples is the number of handoff samples per variant,
-	// handoffPollSamples the 2 s poller's (a few seconds each).
-	handoffSamples, handoffPollSamples int
+	// handoffPollSamples the 2 s poller's (a few seconds each),
+	// handoffMembers the campaigners of each variant's lease.
+	handoffSamples, handoffPollSamples, handoffMembers int
 }
 
 func run(ctx context.Context, cfg config) (err error) {
@@ -86,7 +87,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	tw.Flush()
 
-	handoff, err := env.handoff(ctx, cfg.handoffSamples, cfg.handoffPollSamples, say)
+	handoff, err := env.handoff(ctx, cfg.handoffSamples, cfg.handoffPollSamples, cfg.handoffMembers, say)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ func TestBenchRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if err := run(t.Context(), config{stdout: &out, rounds: 1, scaling: "1,10", handoffSamples: 2, handoffPollSamples: 1}); err != nil {
+	if err := run(t.Context(), config{stdout: &out, rounds: 1, scaling: "1,10", handoffSamples: 2, handoffPollSamples: 1, handoffMembers: defaultHandoffMembers}); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{

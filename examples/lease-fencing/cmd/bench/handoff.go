@@ -27,7 +27,7 @@ import (
 // Handoff latency after release: how long the lease stays without a leader
 // when its leader steps down while others wait to lead.
 //
-// Every variant has handoffMembers campaigners of one lease, each on a
+// Every variant has -handoff-members campaigners (4 unless told) of one lease, each on a
 // client of its own (its own pool, its own etcd client), as separate
 // processes would be: one leads, the others wait. A sample is one step-down:
 // the leader's lead function returns (for etcd's Election: the leader calls
@@ -45,9 +45,9 @@ import (
 // takes a turn only now and then (each of its samples takes up to seconds).
 
 const (
-	// handoffMembers campaign for each variant's lease: one leads,
-	// handoffMembers-1 wait.
-	handoffMembers = 4
+	// defaultHandoffMembers campaign for each variant's lease unless
+	// -handoff-members says otherwise: one leads, the others wait.
+	defaultHandoffMembers = 4
 	// handoffTTL is every variant's lease TTL: client-go's default
 	// LeaseDuration, whose default RetryPeriod is the poller's 2 s.
 	handoffTTL = 15 * time.Second
@@ -263,8 +263,8 @@ func percentile(xs []float64, p float64) float64 {
 }
 
 type handoffReport struct {
-	samples, pollSamples int
-	results              []handoffResult
+	samples, pollSamples, members int
+	results                       []handoffResult
 }
 
 func (h handoffReport) byName(name string) handoffResult {
@@ -282,12 +282,16 @@ func pollTurn(t, samples, pollSamples int) bool {
 	return t*pollSamples/samples > (t-1)*pollSamples/samples
 }
 
-// handoff measures every variant: a warm-up turn (not counted), then
-// samples turns; the poller takes pollSamples of them.
-func (e *env) handoff(ctx context.Context, samples, pollSamples int, say func(string, ...any)) (_ handoffReport, err error) {
-	rep := handoffReport{samples: samples, pollSamples: pollSamples}
+// handoff measures every variant, members campaigners each: a warm-up
+// turn (not counted), then samples turns; the poller takes pollSamples of
+// them.
+func (e *env) handoff(ctx context.Context, samples, pollSamples, members int, say func(string, ...any)) (_ handoffReport, err error) {
+	rep := handoffReport{samples: samples, pollSamples: pollSamples, members: members}
 	if samples < 1 || pollSamples < 1 || pollSamples > samples {
 		return rep, fmt.Errorf("handoff: %d samples, %d poll samples: want 1 <= poll samples <= samples", samples, pollSamples)
+	}
+	if members < 2 {
+		return rep, fmt.Errorf("handoff: %d campaigners: want at least 2", members)
 	}
 	var closers []func() error
 	defer func() {
@@ -295,7 +299,7 @@ func (e *env) handoff(ctx context.Context, samples, pollSamples int, say func(st
 			err = errors.Join(err, c())
 		}
 	}()
-	contests, cl, err := e.handoffContests(ctx)
+	contests, cl, err := e.handoffContests(ctx, members)
 	closers = append(closers, cl...)
 	if err != nil {
 		return rep, err
@@ -305,7 +309,7 @@ func (e *env) handoff(ctx context.Context, samples, pollSamples int, say func(st
 	// Stop the campaigners (each releases what it holds) before the
 	// clients close.
 	closers = append(closers, func() error { cancel(); wg.Wait(); return nil })
-	say("handoff: %d variants, %d campaigners each", len(contests), handoffMembers)
+	say("handoff: %d variants, %d campaigners each", len(contests), members)
 	for _, c := range contests {
 		if err := c.start(cctx, &wg); err != nil {
 			return rep, err
@@ -343,7 +347,7 @@ func (e *env) handoff(ctx context.Context, samples, pollSamples int, say func(st
 
 // handoffContests builds the variants. The closers close what was opened,
 // also on error.
-func (e *env) handoffContests(ctx context.Context) (contests []*contest, closers []func() error, err error) {
+func (e *env) handoffContests(ctx context.Context, members int) (contests []*contest, closers []func() error, err error) {
 	campaign := func(c **contest, lease leasecore.Lease, name, holder string, opts ...leasecore.CampaignOption) term {
 		return func(ctx context.Context, lead func(context.Context)) error {
 			opts := append([]leasecore.CampaignOption{
@@ -387,7 +391,7 @@ func (e *env) handoffContests(ctx context.Context) (contests []*contest, closers
 
 	var pg, poll, etcdC, etcdS, elect *contest
 	var pgTerms, pollTerms, etcdTerms, sharedTerms, electTerms []term
-	for i := range handoffMembers {
+	for i := range members {
 		holder := fmt.Sprintf("bench-%d", i)
 
 		// PostgreSQL: the pgx LeaseStore waits with LISTEN/NOTIFY.
@@ -469,7 +473,7 @@ func (h handoffReport) print(w io.Writer) {
 	fmt.Fprintf(w, "\n# handoff latency after release: from the leader's lead function returning (etcd_election: the leader calling\n")
 	fmt.Fprintf(w, "# Resign) to the next leader's lead function starting (etcd_election: its Campaign returning), release included;\n")
 	fmt.Fprintf(w, "# %d campaigners per lease (1 leading, %d waiting), each on a client of its own, TTL %v; one step-down per sample,\n",
-		handoffMembers, handoffMembers-1, handoffTTL)
+		h.members, h.members-1, handoffTTL)
 	fmt.Fprintf(w, "# the former leader campaigns again once the next one leads. Waiting: pg_campaign leasecore.Campaign on the pgx\n")
 	fmt.Fprintf(w, "# LeaseStore (LISTEN/NOTIFY); poll_2s the same with its Waiter hidden, WithPollInterval(%v); etcd_campaign Campaign\n", handoffPoll)
 	fmt.Fprintf(w, "# on the fence-etcd LeaseStore (a watch), _shared WithSharedLeases; etcd_election concurrency.Election, a session each.\n")

@@ -5,7 +5,7 @@
 // not comparable between runs, ratios mostly are). `make bench` runs it.
 //
 //	bench [-rounds 15] [-benchtime 150ms] [-handoff-samples 100] [-handoff-poll-samples 10]
-//	      [-out evidence/bench] [-lab run.sh] [-docs docs/performance.md]
+//	      [-handoff-members 4] [-out evidence/bench] [-lab run.sh] [-docs docs/performance.md]
 package main
 
 import (
@@ -34,6 +34,7 @@ func main() {
 	scaling := flag.String("scaling", "1,1000,100000", "existing leases/scopes for the scaling table")
 	handoff := flag.Int("handoff-samples", 100, "handoff samples per variant (step-downs), after a warm-up one")
 	handoffPoll := flag.Int("handoff-poll-samples", 10, "handoff samples of the 2 s poller (up to 2 s each), at most -handoff-samples")
+	handoffMembers := flag.Int("handoff-members", defaultHandoffMembers, "campaigners of each handoff variant's lease, each on a client of its own: one leads, the others wait")
 	docs := flag.String("docs", "", "markdown file whose bench section (between <!-- bench:begin --> and <!-- bench:end -->) gets this run's report")
 	flag.Parse()
 	if *rounds < 1 {
@@ -44,6 +45,10 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: -handoff-samples %d, -handoff-poll-samples %d: want 1 <= poll samples <= samples\n", *handoff, *handoffPoll)
 		os.Exit(2)
 	}
+	if *handoffMembers < 2 {
+		fmt.Fprintf(os.Stderr, "bench: -handoff-members %d: must be at least 2\n", *handoffMembers)
+		os.Exit(2)
+	}
 	if err := flag.Set("test.benchtime", benchtime.String()); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
@@ -51,7 +56,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, config{stdout: os.Stdout, rounds: *rounds, out: *out, lab: *lab, scaling: *scaling, docs: *docs,
-		handoffSamples: *handoff, handoffPollSamples: *handoffPoll}); err != nil {
+		handoffSamples: *handoff, handoffPollSamples: *handoffPoll, handoffMembers: *handoffMembers}); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}

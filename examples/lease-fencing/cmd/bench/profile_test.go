@@ -70,7 +70,7 @@ var profileGroups = []struct {
 }{
 	{"pipeline", []string{"pipeline_fenced", "pipeline_limit"}},
 	{"user_tx", []string{"user_tx_fenced", "user_tx_fenced_no_idle", "user_tx_limit"}},
-	{"etcd_lock", []string{"etcd_acquire_release", "etcd_mutex_lock_unlock"}},
+	{"etcd_lock", []string{"etcd_acquire_release", "etcd_acquire_release_limit", "etcd_mutex_lock_unlock"}},
 }
 
 // profiledHandoffs are the handoff variants TestProfile profiles.
@@ -286,7 +286,7 @@ func runCount(v variant, d time.Duration) (int, error) {
 // Go CPU profile (NAME.client.pprof). The server's idle CPU comes first:
 // the handoff phases include it (every handoff waits handoffSettle first).
 func profileHandoffs(ctx context.Context, env *env, dir string, etcdPid int, metrics string, summary io.Writer) (_ []fold, err error) {
-	contests, closers, err := env.handoffContests(ctx)
+	contests, closers, err := env.handoffContests(ctx, defaultHandoffMembers)
 	defer func() {
 		for _, c := range slices.Backward(closers) {
 			err = errors.Join(err, c())
