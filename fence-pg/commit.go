@@ -57,16 +57,6 @@ import (
 //     that beat c.Token (with a *leasecore.TokenSpaceError when it is from
 //     another token space, see Fence), and nothing fn wrote is kept.
 //
-// A floor below c.Token at the comparison, after this Fence raised it to
-// c.Token or saw it at c.Token, is not a rejection: floors only go up, so
-// it was written outside the fence, or the database lost committed
-// transactions (and with them, perhaps, writes of this holding period).
-// With the default attempt log RunTx then returns an error wrapping
-// leasecore.ErrConfig, nothing committed, and does so for every later
-// transaction of that holding period through this Fence. With
-// leasecore.LogAll the comparison is the full check, which raises the
-// floor back to c.Token and commits, as FenceDB.RunTx's does.
-//
 // A holder frozen inside fn (a GC pause, SIGSTOP) therefore holds up no
 // newer writer on the fence: a newer holder's Advance or write goes
 // through at once, and the frozen holder's transaction is rejected when it
@@ -87,6 +77,16 @@ import (
 // not asked, and no rejection is logged — unless the hold ends during the
 // round trip that carries the COMMIT (below). With a context of its own,
 // the transaction goes on and the fence decides at commit. Either is safe.
+//
+// A floor below c.Token at the comparison, after this Fence raised it to
+// c.Token or saw it at c.Token, is not a rejection: floors only go up, so
+// it was written outside the fence, or the database lost committed
+// transactions (and with them, perhaps, writes of this holding period).
+// RunTx then commits nothing and returns an error wrapping
+// leasecore.ErrConfig, for this and every later transaction of that
+// holding period through this Fence, instead of raising the floor back to
+// c.Token as a holding period's first write would. FenceDB.RunTx does the
+// same.
 //
 // # An outcome that is unknown
 //
@@ -232,11 +232,12 @@ func rollback(ctx context.Context, tx pgx.Tx) { _ = tx.Rollback(ctx) }
 // guard (the floor must equal the token; RunTx raised it before fn ran)
 // or, with leasecore.LogAll, the full check, which also logs the accepted
 // attempt in the transaction. Either raises fencepg's rejection (see
-// rejectedFloor) when the floor is not the token, so the COMMIT behind it
-// does not run.
+// rejectedFloor) when the floor is not the token — the full check also
+// when the floor before it was below the token, which it would have
+// raised — so the COMMIT behind it does not run.
 func (f *fenceCore) queueCommitCheck(b *pgx.Batch, c leasecore.Claim) {
 	if f.logAll() {
-		b.Queue(f.stmt.checkOrRaise, f.args(c, false)...)
+		b.Queue(f.stmt.runTxCheckOrRaise, f.args(c, false)...)
 		return
 	}
 	b.Queue(f.stmt.guardOrRaise, c.Scope, int64(c.Token))
@@ -300,16 +301,13 @@ func (f *FenceDB) raiseSQL(ctx context.Context, op string, c leasecore.Claim) er
 }
 
 // notBelow returns the error for a floor found below c.Token where it can
-// only be at or above it: after RunTx raised it to c.Token, or, on pgx
-// with the default attempt log, at the comparison before COMMIT when this
-// Fence saw it at c.Token (seenFloors). Floors only go up, so it was
-// written outside the fence, or the database lost the transaction that
-// raised it: the error wraps leasecore.ErrConfig. A pgx Fence keeps the
-// floor it saw, so the holding period of c.Token meets the error again on
-// each RunTx through it: its writes since that raise may have been lost
-// with the raise. (The full check, FenceDB's comparison when the floor is
-// not the token and pgx's with LogAll, raises a floor below the token as
-// a holder's first write does.)
+// only be at or above it: in RunTx, which had the floor at c.Token before
+// the caller's function ran (it raised it there, or its Fence saw it
+// there: seenFloors). Floors only go up, so it was written outside the
+// fence, or the database lost the transaction that raised it: the error
+// wraps leasecore.ErrConfig. The Fence keeps the floor it saw, so the
+// holding period of c.Token meets the error again on each RunTx through
+// it: its writes since that raise may have been lost with the raise.
 func (f *fenceCore) notBelow(op string, c leasecore.Claim, floor int64) error {
 	if leasecore.Token(floor) >= c.Token {
 		return nil
@@ -370,7 +368,7 @@ func (f *FenceDB) RunTx(ctx context.Context, c leasecore.Claim, fn func(tx *sql.
 	if err, lost := runFn(tx, fn); err != nil {
 		return leasecore.Result{}, f.lostSQLTx(ctx, op, err, since, lost)
 	}
-	return f.commitSQL(ctx, op, tx, c, since)
+	return f.commitSQL(ctx, op, tx, c, since, true)
 }
 
 // runFn calls fn and rolls tx back unless fn returned nil; a panic rolls
@@ -526,8 +524,11 @@ func (f *FenceDB) beginSQL(ctx context.Context, op string, c leasecore.Claim) (*
 // commitSQL compares c with the floor as the last statement of tx and
 // commits tx when the floor is c.Token, else rolls it back: RunTx's end
 // (since is when RunTx's last statement before fn returned) and Commit
-// (since is zero: the caller's transaction is not ours to time).
-func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecore.Claim, since time.Time) (leasecore.Result, error) {
+// (since is zero: the caller's transaction is not ours to time). runTx
+// says that the floor was at c.Token before the caller's function ran
+// (RunTx raised it there, or its Fence saw it there): then a floor found
+// below c.Token is an error (notBelow), not raised.
+func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasecore.Claim, since time.Time, runTx bool) (leasecore.Result, error) {
 	var floor int64
 	err := sql.ErrNoRows
 	if !f.logAll() {
@@ -537,8 +538,18 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		// Not equal (or LogAll): the full check raises a floor below the
-		// token and returns the floor it left.
-		err = tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor)
+		// token and returns the floor it left; RunTx's also returns the
+		// floor before it.
+		if runTx {
+			var before int64
+			err = tx.QueryRowContext(ctx, f.stmt.runTxCheck, f.args(c, false)...).Scan(&floor, &before)
+			if err == nil && leasecore.Token(before) < c.Token {
+				_ = tx.Rollback()
+				return leasecore.Result{}, f.notBelow(op, c, before)
+			}
+		} else {
+			err = tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor)
+		}
 	}
 	if err != nil {
 		lost := errors.Is(tx.Rollback(), driver.ErrBadConn)
@@ -660,7 +671,7 @@ func (f *FenceDB) Commit(ctx context.Context, tx *sql.Tx, c leasecore.Claim) (le
 		_ = tx.Rollback()
 		return leasecore.Result{}, txError(ctx, op, ctx.Err(), false)
 	}
-	return f.commitSQL(ctx, op, tx, c, time.Time{})
+	return f.commitSQL(ctx, op, tx, c, time.Time{}, false)
 }
 
 // logAll reports whether every attempt is logged (leasecore.LogAll): the

@@ -2,6 +2,7 @@ package fencepg_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"strconv"
 	"strings"
@@ -42,14 +43,26 @@ func storedFloor(t *testing.T, f fenceFixture, scope string) leasecore.Token {
 	return leasecore.Token(floor)
 }
 
-// TestRunTxFloorLoweredOutsideTheFence: on pgx, a floor found below the
-// token at the comparison before COMMIT, after the Fence saw it at the
-// token, is an error wrapping leasecore.ErrConfig that commits nothing, on
-// every transaction of that holding period through the Fence (its writes
-// may have been lost with the floor); a newer holding period raises the
-// floor again as usual.
+// TestRunTxFloorLoweredOutsideTheFence: a floor found below the token at
+// the comparison before COMMIT, after the Fence saw it at the token, is an
+// error wrapping leasecore.ErrConfig that commits nothing (the floor is not
+// raised back), on every transaction of that holding period through the
+// Fence (its writes may have been lost with the floor) — on either driver,
+// with the default attempt log and with LogAll, whose comparison is the
+// full check; a newer holding period raises the floor again as usual.
 func TestRunTxFloorLoweredOutsideTheFence(t *testing.T) {
-	f := newFenceFixture(t, "pgx")
+	for _, driver := range pgopen.Drivers {
+		for _, logAll := range []bool{false, true} {
+			name, opts := driver+"/default-log", []fencepg.Option(nil)
+			if logAll {
+				name, opts = driver+"/log-all", []fencepg.Option{fencepg.WithAttemptLog(leasecore.LogAll)}
+			}
+			t.Run(name, func(t *testing.T) { floorLowered(t, newFenceFixture(t, driver, opts...)) })
+		}
+	}
+}
+
+func floorLowered(t *testing.T, f fenceFixture) {
 	ctx := context.Background()
 	a := leasecore.Claim{Scope: "lowered", Writer: "holder-a", Token: 5}
 	backendtest.WantResult(t, "A's first transaction", f.writeJob(t, a, 1), true, 5)
@@ -57,11 +70,21 @@ func TestRunTxFloorLoweredOutsideTheFence(t *testing.T) {
 	setFloor(t, f, "lowered", 3)
 	for i := 1; i <= 2; i++ {
 		called := false
-		res, err := f.fence.Pgx.RunTx(ctx, a, func(tx pgx.Tx) error {
-			called = true
-			_, err := tx.Exec(ctx, upsertRun, a.Scope, a.Writer, int64(a.Token), 2)
-			return err
-		})
+		var res leasecore.Result
+		var err error
+		if f.fence.Pgx != nil {
+			res, err = f.fence.Pgx.RunTx(ctx, a, func(tx pgx.Tx) error {
+				called = true
+				_, err := tx.Exec(ctx, upsertRun, a.Scope, a.Writer, int64(a.Token), 2)
+				return err
+			})
+		} else {
+			res, err = f.fence.SQL.RunTx(ctx, a, func(tx *sql.Tx) error {
+				called = true
+				_, err := tx.ExecContext(ctx, upsertRun, a.Scope, a.Writer, int64(a.Token), 2)
+				return err
+			})
+		}
 		if !errors.Is(err, leasecore.ErrConfig) || !strings.Contains(err.Error(), `the floor of scope "lowered" is 3, below 5`) {
 			t.Fatalf("transaction %d after the floor was lowered to 3: %+v, %v; want an error wrapping ErrConfig that names the floor", i, res, err)
 		}
@@ -83,35 +106,6 @@ func TestRunTxFloorLoweredOutsideTheFence(t *testing.T) {
 	backendtest.WantResult(t, "a newer holding period's transaction", f.writeJob(t, b, 7), true, 6)
 	if got := f.job(t, "lowered"); got != "holder-b/6/7 lines=1:7,2:14" {
 		t.Errorf("rows = %q, want B's", got)
-	}
-}
-
-// TestRunTxFloorLoweredFullCheck: where the comparison before COMMIT is
-// the full check — database/sql's FenceDB when the floor is not the
-// token, and pgx with leasecore.LogAll — a floor found below a token the
-// Fence saw is raised back to it and the transaction commits, as a
-// holder's first write raises it (RunTx's godoc says so).
-func TestRunTxFloorLoweredFullCheck(t *testing.T) {
-	check := func(t *testing.T, f fenceFixture) {
-		a := leasecore.Claim{Scope: "lowered-full", Writer: "holder-a", Token: 5}
-		backendtest.WantResult(t, "A's first transaction", f.writeJob(t, a, 1), true, 5)
-		setFloor(t, f, "lowered-full", 3)
-		backendtest.WantResult(t, "A's transaction after the floor was lowered to 3", f.writeJob(t, a, 2), true, 5)
-		if got := storedFloor(t, f, "lowered-full"); got != 5 {
-			t.Errorf("floor = %d, want 5: raised back by the full check", got)
-		}
-		if got := f.job(t, "lowered-full"); got != "holder-a/5/2 lines=1:2,2:4" {
-			t.Errorf("rows = %q, want A's second transaction's", got)
-		}
-	}
-	t.Run("pgx-log-all", func(t *testing.T) {
-		check(t, newFenceFixture(t, "pgx", fencepg.WithAttemptLog(leasecore.LogAll)))
-	})
-	for _, driver := range pgopen.Drivers {
-		if driver == pgopen.Pgx {
-			continue // the default log on pgx: TestRunTxFloorLoweredOutsideTheFence
-		}
-		t.Run(driver, func(t *testing.T) { check(t, newFenceFixture(t, driver)) })
 	}
 }
 

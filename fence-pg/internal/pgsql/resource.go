@@ -205,8 +205,8 @@ SELECT max_token FROM same`
 
 // FenceCheck is the full check: the last statement before COMMIT of a
 // database/sql fenced transaction when FenceShared found no equal floor
-// (fencepg.FenceDB's RunTx and Commit), Advance's statement in autocommit,
-// and Install's. It returns the floor; accepted ⇔ floor = $2. After a
+// (fencepg.FenceDB's Commit; its RunTx's is FenceRunTxCheck), Advance's
+// statement in autocommit, and Install's. It returns the floor; accepted ⇔ floor = $2. After a
 // rejection the caller's transaction rolls back, which would take a
 // rejected attempt's log entry with it: inside one, callers pass $5 =
 // false and log it with LogAttempt on a connection of their own.
@@ -215,13 +215,40 @@ SELECT max_token FROM floor`
 
 // FenceCheckOrRaise is FenceCheck for a pipeline (fencepg.Fence.SendBatch
 // with leasecore.LogAll) and for the round trip that ends a pgx fenced
-// transaction with its COMMIT (fencepg.Fence.Commit, and RunTx with
-// LogAll): a rejection raises SQLSTATE RejectedState through fence_reject (see the
+// transaction with its COMMIT (fencepg.Fence.Commit; RunTx with LogAll
+// sends FenceRunTxCheckOrRaise): a rejection raises SQLSTATE RejectedState through fence_reject (see the
 // schema), which aborts the pipeline's implicit transaction, so none of the
 // caller's statements queued after it takes effect.
 var FenceCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
 SELECT CASE WHEN max_token = $2::bigint THEN max_token
             ELSE leasefence.fence_reject($1::text, $2::bigint, max_token) END FROM floor`
+
+// floorBefore is the floor of scope $1 as the statement's snapshot has it,
+// before the statement's own raise (0 for none): every sub-statement of a
+// WITH sees one snapshot, so it does not see the raise.
+const floorBefore = `(SELECT coalesce(max(max_token), 0) FROM leasefence.fence_floor WHERE scope = $1::text)`
+
+// FenceRunTxCheck is FenceCheck for the comparison that ends a
+// database/sql RunTx (fencepg.FenceDB) when FenceShared found no equal
+// floor, and always with leasecore.LogAll: it also returns the floor
+// before the check (floorBefore). RunTx had the floor at $2 before the
+// caller's function ran (raised there, or seen by its Fence), and floors
+// only go up: one below $2 now was written outside the fence or lost with
+// committed transactions, and the caller rolls back and reports it instead
+// of committing under the raise the full check made.
+var FenceRunTxCheck = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
+SELECT max_token, ` + floorBefore + ` FROM floor`
+
+// FenceRunTxCheckOrRaise is FenceCheckOrRaise for the comparison that ends
+// a pgx RunTx with leasecore.LogAll: a floor before the check below $2
+// (see FenceRunTxCheck) raises RejectedState too, with that floor in
+// DETAIL, so the full check's raise rolls back with the transaction and
+// the caller reports the floor below the token.
+var FenceRunTxCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
+SELECT CASE WHEN before.max_token < $2::bigint THEN leasefence.fence_reject($1::text, $2::bigint, before.max_token)
+            WHEN floor.max_token = $2::bigint THEN floor.max_token
+            ELSE leasefence.fence_reject($1::text, $2::bigint, floor.max_token) END
+  FROM floor, (SELECT ` + floorBefore + ` AS max_token) AS before`
 
 // RejectedState is the SQLSTATE fence_reject raises. Its DETAIL is the
 // floor that beat the token.
