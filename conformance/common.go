@@ -84,6 +84,19 @@ func (c *caseRun) floor(r backendkit.ResourceReader, scope string) leasecore.Tok
 // with etcd's second, still overshoots it, so it fails.
 func expiryBound(ttl, g time.Duration) time.Duration { return ttl/4 + 200*time.Millisecond + g/2 }
 
+// renewingWait is how long a case lets a holder that renews in the
+// background run before it checks that the holder still has the lease:
+// the case's running time (pausedRunning, scaled with the TTL), and never
+// less than the latest the suite lets an unrenewed hold of ttl be seen
+// (ttl + granularity + expiryBound, as waitFree), counted from the
+// acquire, which came before the wait. So the check fails for a holder
+// whose renewals do not reach the backend, whatever its granularity (with
+// etcd's second, 2×TTL fell 0.2 s short of it).
+func (c *caseRun) renewingWait(ttl time.Duration) time.Duration {
+	g := c.traits.TTLGranularity
+	return max(c.scale(pausedRunning, pausedTTL), ttl+g+expiryBound(ttl, g))
+}
+
 // waitFree polls the backend until lease name is no longer held by the
 // backend's own clock, and checks that this happened within ttl, the
 // declared granularity and expiryBound, counted from since: the suite's

@@ -30,7 +30,7 @@ func caseF12(ctx context.Context, c *caseRun, h Harness) {
 	_, insp := c.openLease(h)
 
 	ttl := c.ttl(pausedTTL)
-	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.scale(pausedRunning, pausedTTL)
+	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.renewingWait(ttl)
 	poll := ttl / 8 // Campaign's default, set explicitly: the bound below uses it
 	// A backend whose TTLs come in whole units expires no finer than that
 	// (etcd's lessor revokes expired leases in rounds, then deletes the

@@ -12,7 +12,8 @@ import (
 // TTL 1500 ms, renewal every 400 ms, local margin 300 ms, and the parent
 // waits 3000 ms (two TTLs) to show that renewal keeps an unpaused holder's
 // lease. A backend with a larger minimum TTL stretches all four by the
-// same factor.
+// same factor; the wait is also never shorter than an unrenewed hold may
+// be seen to last (renewingWait).
 const (
 	pausedTTL     = 1500 * time.Millisecond
 	pausedRenew   = 400 * time.Millisecond
@@ -102,7 +103,7 @@ func pausedHolder(ctx context.Context, c *caseRun, h Harness, kind ResourceKind)
 	_, insp := c.openLease(h)
 
 	ttl := c.ttl(pausedTTL)
-	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.scale(pausedRunning, pausedTTL)
+	renew, margin, running := c.scale(pausedRenew, pausedTTL), c.scale(pausedMargin, pausedTTL), c.renewingWait(ttl)
 	aRenewTimeout := frozenHolderRenewTimeout(ttl, margin)
 	c.Notef("resource=%s; ttl=%v renew=%v margin=%v; holders are separate OS processes; A's renew attempt timeout %v", kind, ttl, renew, margin, aRenewTimeout)
 	// acquire is the holder's ACQUIRE command on n times the case's terms.
