@@ -538,17 +538,12 @@ func (f *FenceDB) commitSQL(ctx context.Context, op string, tx *sql.Tx, c leasec
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		// Not equal (or LogAll): the full check raises a floor below the
-		// token and returns the floor it left; RunTx's also returns the
-		// floor before it.
-		if runTx {
-			var before int64
-			err = tx.QueryRowContext(ctx, f.stmt.runTxCheck, f.args(c, false)...).Scan(&floor, &before)
-			if err == nil && leasecore.Token(before) < c.Token {
-				_ = tx.Rollback()
-				return leasecore.Result{}, f.notBelow(op, c, before)
-			}
-		} else {
-			err = tx.QueryRowContext(ctx, f.stmt.check, f.args(c, false)...).Scan(&floor)
+		// token and returns the floor it left, and the floor before it.
+		var before int64
+		err = tx.QueryRowContext(ctx, f.stmt.checkAndBefore, f.args(c, false)...).Scan(&floor, &before)
+		if err == nil && runTx && leasecore.Token(before) < c.Token {
+			_ = tx.Rollback()
+			return leasecore.Result{}, f.notBelow(op, c, before)
 		}
 	}
 	if err != nil {

@@ -114,8 +114,9 @@ type fenceCore struct {
 // fenceSQL is the fence's statements in its schema.
 type fenceSQL struct {
 	check, checkOrRaise, advance, logAttempt, prune, write, writeBatch, floorSpace string
-	// RunTx's full checks: they also catch a floor below the token
-	runTxCheck, runTxCheckOrRaise string
+	// the full checks that end a fenced transaction: they also read the
+	// floor before the check, which RunTx must not find below the token
+	checkAndBefore, runTxCheckOrRaise string
 	// the fast paths (floor = token), the first statements of RunTx
 	shared, earlyRead, guardOrRaise, writeShared, writeBatchShared, writeManyShared string
 	// setIdle sets the idle timeout in a RunTx whose Fence has seen the
@@ -132,7 +133,7 @@ func newFenceCore(db dbx.DB, cfg config) fenceCore {
 	return fenceCore{db: db, cfg: cfg,
 		stmt: fenceSQL{
 			check: in(pgsql.FenceCheck), checkOrRaise: in(pgsql.FenceCheckOrRaise), advance: in(pgsql.FenceAdvance),
-			runTxCheck: in(pgsql.FenceRunTxCheck), runTxCheckOrRaise: in(pgsql.FenceRunTxCheckOrRaise),
+			checkAndBefore: in(pgsql.FenceCheckAndBefore), runTxCheckOrRaise: in(pgsql.FenceRunTxCheckOrRaise),
 			logAttempt: in(pgsql.LogAttempt), prune: in(pgsql.PruneAttempts), floorSpace: in(pgsql.ReadFloorSpace),
 			write: in(pgsql.FencedWrite), writeBatch: in(pgsql.FencedWriteBatch),
 			shared: in(pgsql.FenceShared), earlyRead: in(pgsql.FenceEarlyRead), guardOrRaise: in(pgsql.FenceGuardOrRaise),

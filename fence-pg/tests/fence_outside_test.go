@@ -2,13 +2,10 @@ package fencepg_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fencepg "github.com/leasefence/leasefence/fence-pg"
@@ -63,28 +60,12 @@ func TestRunTxFloorLoweredOutsideTheFence(t *testing.T) {
 }
 
 func floorLowered(t *testing.T, f fenceFixture) {
-	ctx := context.Background()
 	a := leasecore.Claim{Scope: "lowered", Writer: "holder-a", Token: 5}
 	backendtest.WantResult(t, "A's first transaction", f.writeJob(t, a, 1), true, 5)
 
 	setFloor(t, f, "lowered", 3)
 	for i := 1; i <= 2; i++ {
-		called := false
-		var res leasecore.Result
-		var err error
-		if f.fence.Pgx != nil {
-			res, err = f.fence.Pgx.RunTx(ctx, a, func(tx pgx.Tx) error {
-				called = true
-				_, err := tx.Exec(ctx, upsertRun, a.Scope, a.Writer, int64(a.Token), 2)
-				return err
-			})
-		} else {
-			res, err = f.fence.SQL.RunTx(ctx, a, func(tx *sql.Tx) error {
-				called = true
-				_, err := tx.ExecContext(ctx, upsertRun, a.Scope, a.Writer, int64(a.Token), 2)
-				return err
-			})
-		}
+		res, called, err := f.runJob(a, 2)
 		if !errors.Is(err, leasecore.ErrConfig) || !strings.Contains(err.Error(), `the floor of scope "lowered" is 3, below 5`) {
 			t.Fatalf("transaction %d after the floor was lowered to 3: %+v, %v; want an error wrapping ErrConfig that names the floor", i, res, err)
 		}

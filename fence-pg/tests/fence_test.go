@@ -57,15 +57,25 @@ func openFence(t *testing.T, p pgopen.Pool, opts ...fencepg.Option) pgopen.Fence
 	return fence
 }
 
-// writeJob writes the job's header and two lines with the fence, in the
-// way the driver offers: Fence.RunTx on pgx, FenceDB.RunTx on database/sql.
+// writeJob writes the job's header and two lines with the fence (runJob),
+// failing the test on an error.
 func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) leasecore.Result {
 	t.Helper()
+	res, _, err := f.runJob(c, total)
+	if err != nil {
+		t.Fatalf("write job %+v: %v", c, err)
+	}
+	return res
+}
+
+// runJob writes the job's header and two lines with the fence, in the way
+// the driver offers: Fence.RunTx on pgx, FenceDB.RunTx on database/sql.
+// called reports whether RunTx called the function.
+func (f fenceFixture) runJob(c leasecore.Claim, total int) (res leasecore.Result, called bool, err error) {
 	ctx := context.Background()
-	var res leasecore.Result
-	var err error
 	if f.fence.Pgx != nil {
 		res, err = f.fence.Pgx.RunTx(ctx, c, func(tx pgx.Tx) error {
+			called = true
 			if _, err := tx.Exec(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), total); err != nil {
 				return err
 			}
@@ -78,6 +88,7 @@ func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) lease
 		})
 	} else {
 		res, err = f.fence.SQL.RunTx(ctx, c, func(tx *sql.Tx) error {
+			called = true
 			if _, err := tx.ExecContext(ctx, upsertRun, c.Scope, c.Writer, int64(c.Token), total); err != nil {
 				return err
 			}
@@ -89,10 +100,7 @@ func (f fenceFixture) writeJob(t *testing.T, c leasecore.Claim, total int) lease
 			return nil
 		})
 	}
-	if err != nil {
-		t.Fatalf("write job %+v: %v", c, err)
-	}
-	return res
+	return res, called, err
 }
 
 // floorVersion returns the floor row's xmin: it changes exactly when a new

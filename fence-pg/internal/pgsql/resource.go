@@ -203,10 +203,9 @@ var FencedWriteBatchShared = `WITH same AS (` + sharedFloorNoWait + `), input AS
 )
 SELECT max_token FROM same`
 
-// FenceCheck is the full check: the last statement before COMMIT of a
-// database/sql fenced transaction when FenceShared found no equal floor
-// (fencepg.FenceDB's Commit; its RunTx's is FenceRunTxCheck), Advance's
-// statement in autocommit, and Install's. It returns the floor; accepted ⇔ floor = $2. After a
+// FenceCheck is the full check: Advance's statement in autocommit, and
+// Install's (a database/sql fenced transaction ends with
+// FenceCheckAndBefore). It returns the floor; accepted ⇔ floor = $2. After a
 // rejection the caller's transaction rolls back, which would take a
 // rejected attempt's log entry with it: inside one, callers pass $5 =
 // false and log it with LogAttempt on a connection of their own.
@@ -228,20 +227,22 @@ SELECT CASE WHEN max_token = $2::bigint THEN max_token
 // WITH sees one snapshot, so it does not see the raise.
 const floorBefore = `(SELECT coalesce(max(max_token), 0) FROM leasefence.fence_floor WHERE scope = $1::text)`
 
-// FenceRunTxCheck is FenceCheck for the comparison that ends a
-// database/sql RunTx (fencepg.FenceDB) when FenceShared found no equal
-// floor, and always with leasecore.LogAll: it also returns the floor
-// before the check (floorBefore). RunTx had the floor at $2 before the
-// caller's function ran (raised there, or seen by its Fence), and floors
-// only go up: one below $2 now was written outside the fence or lost with
-// committed transactions, and the caller rolls back and reports it instead
-// of committing under the raise the full check made.
-var FenceRunTxCheck = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
+// FenceCheckAndBefore is FenceCheck as the last statement before COMMIT
+// of a database/sql fenced transaction (fencepg.FenceDB's RunTx and
+// Commit) when FenceShared found no equal floor, and always with
+// leasecore.LogAll: it also returns the floor before the check
+// (floorBefore). RunTx had the floor at $2 before the caller's function
+// ran (raised there, or seen by its Fence), and floors only go up: one
+// below $2 there was written outside the fence or lost with committed
+// transactions, and RunTx rolls back and reports it instead of committing
+// under the raise the full check made. Commit, whose transaction may be a
+// holding period's first write, commits under the raise.
+var FenceCheckAndBefore = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
 SELECT max_token, ` + floorBefore + ` FROM floor`
 
 // FenceRunTxCheckOrRaise is FenceCheckOrRaise for the comparison that ends
 // a pgx RunTx with leasecore.LogAll: a floor before the check below $2
-// (see FenceRunTxCheck) raises RejectedState too, with that floor in
+// (see FenceCheckAndBefore) raises RejectedState too, with that floor in
 // DETAIL, so the full check's raise rolls back with the transaction and
 // the caller reports the floor below the token.
 var FenceRunTxCheckOrRaise = `WITH ` + fenceCTEs + `, ` + logAttempt(`''`) + `
