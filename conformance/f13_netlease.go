@@ -47,7 +47,13 @@ type acquireStamp struct {
 
 // netWaiterLease is a netLease whose client is a backendkit.Waiter: the
 // wrapper forwards WaitFree only then, so Campaign waits the way it would
-// with the bare client (a Waiter, or polling).
+// with the bare client (a Waiter, or polling). It never forwards
+// backendkit.QueuedAcquirer (fence-etcd's line): the server grants a
+// queued acquire at a moment the client cannot bracket (a release hands
+// it over while it waits), and the cases' bounds count from an acquire's
+// send. The holder processes' campaigns use the client as it is: in F12
+// the frozen leader, campaigning again, is handed the lease by the new
+// leader's release on a backend that queues.
 type netWaiterLease struct{ *netLease }
 
 // WaitFree implements backendkit.Waiter.

@@ -7,8 +7,12 @@
 //
 // A lease name is one key, <prefix>/lease/<name>, attached to an etcd lease
 // and holding the holder's id. Acquire creates the key only if it does not
-// exist, in one transaction, and the token is the key's create revision:
-// etcd's revision is one cluster-wide counter that every write advances,
+// exist, in one transaction, and the token is that transaction's revision;
+// a Release that hands the lease to a caller waiting in line
+// (LeaseStore.AcquireQueued) puts the key to it, and its token is the
+// revision of that put. The key is put at nothing else, so the token of
+// the holding period in force is always the key's mod revision. etcd's
+// revision is one cluster-wide counter that every write advances,
 // that is persisted with the write in the raft log, and that never goes
 // back, also after a crash and restart. So tokens of one name are strictly
 // increasing and never reused (I2), though not consecutive: every write to
@@ -56,6 +60,12 @@
 //	                                                 + keep-alive once per TTL/3)
 //	refused Acquire      Grant + Txn + Revoke        Txn
 //	Release              Txn + Revoke                Txn
+//	Release, hand-over   Txn + Revoke                Txn
+//	  (store knew the line)
+//	Release, hand-over   Txn + Txn + Txn + Revoke    Txn + Txn + Txn
+//	  (line unknown)     (the failed delete, a read of the key and the line, the hand-over)
+//	AcquireQueued        Grant + Txn (+ keep-alive   Txn, as Acquire's (+ keep-alive
+//	                     per TTL/3 while waiting)    once per TTL/3 while waiting)
 //	Renew                Range + keep-alive          Range + keep-alive
 //	RenewAll, n names    ceil(n/128) Txn             ceil(n/128) Txn
 //	                     + n keep-alives             + 1 keep-alive per holder and TTL
@@ -87,6 +97,19 @@
 // token space. A Fence stores the space of the claim that raised a floor
 // and reports a rejection by a floor from another space as a
 // *leasecore.TokenSpaceError (see Fence).
+//
+// # Waiting in line
+//
+// LeaseStore.AcquireQueued, which leasecore.Campaign uses, waits for a
+// held lease in a line of keys, <prefix>/queue/<name>/..., each attached to
+// the etcd lease its waiter's hold will be attached to and kept alive while
+// it waits. A Release hands the lease to the first in line in its one
+// transaction: it puts the lease key with that waiter's holder and etcd
+// lease and deletes the entry, and the waiter's token is that put's
+// revision. So a hand-over costs one write, where a delete, a wake-up and
+// the next acquire cost two or three: docs/performance.md measures it
+// against etcd's concurrency.Election. A lease that expires, or is taken
+// over, is deleted as before, and every waiter tries to create it.
 //
 // # What etcd does not keep
 //

@@ -20,12 +20,15 @@ import (
 )
 
 // LeaseStore is a lease service on etcd: one key per lease name, attached
-// to an etcd lease, whose create revision is the fencing token
+// to an etcd lease, whose mod revision is the fencing token
 // (leasecore.Lease, I1 and I2). It also implements leasecore.LeaseInspector,
-// backendkit.BatchRenewer and backendkit.Waiter: WaitFree watches the lease's
-// key and returns on its delete, which a release and the lessor's revoke
-// at expiry both are, so a waiting leasecore.Campaign takes over as soon as
-// the key is gone. It is safe for concurrent use.
+// backendkit.BatchRenewer, backendkit.Waiter (WaitFree watches the lease's
+// key and returns when its holding period ends: a release, a hand-over or
+// the lessor's revoke at expiry) and backendkit.QueuedAcquirer
+// (AcquireQueued waits in line, and a Release hands the lease to the first
+// waiter in the same transaction: a waiting leasecore.Campaign leads one
+// write after the previous leader's release). It is safe for concurrent
+// use.
 //
 // Call Close when done with the store, and before closing its client (see
 // NewLeaseStore).
@@ -80,16 +83,20 @@ type LeaseStore struct {
 	closed   bool                       // Close was called
 	pool     map[sharedKey]*sharedLease // shared mode: the etcd lease of each (holder, ttl)
 	cleanups cleanups                   // best-effort clean-ups still running (see cleanUp)
+	// heads is, per lease key, who waited first in line when the store's
+	// AcquireQueued got the lease handed over (see knownHead).
+	heads map[string]knownHead
 	// lastRev is the largest revision of a successful shared-mode acquire
 	// (see unputIfOurs).
 	lastRev atomic.Int64
 }
 
 var (
-	_ leasecore.Lease          = (*LeaseStore)(nil)
-	_ leasecore.LeaseInspector = (*LeaseStore)(nil)
-	_ backendkit.BatchRenewer  = (*LeaseStore)(nil)
-	_ backendkit.Waiter        = (*LeaseStore)(nil)
+	_ leasecore.Lease           = (*LeaseStore)(nil)
+	_ leasecore.LeaseInspector  = (*LeaseStore)(nil)
+	_ backendkit.BatchRenewer   = (*LeaseStore)(nil)
+	_ backendkit.Waiter         = (*LeaseStore)(nil)
+	_ backendkit.QueuedAcquirer = (*LeaseStore)(nil)
 )
 
 // NewLeaseStore returns a lease store on cli, with keys under the prefix
@@ -133,7 +140,9 @@ func (s *LeaseStore) Shared() bool { return s.shared }
 //	If(CreateRevision(key) == 0).Then(Put(key, holder, WithLease(id)))
 //
 // that creates the lease's key only if it does not exist. The token is the
-// transaction's revision, which is the key's create revision. While the key
+// transaction's revision, which is the key's create and mod revision (a
+// Release that hands the lease over puts the key again: the token is
+// always the key's mod revision, see AcquireQueued). While the key
 // exists — held by anyone, the same holder included — it returns a
 // *leasecore.HoldError wrapping leasecore.ErrHeld that names the current
 // holder, and revokes the etcd lease it just granted (best effort; it would
@@ -229,7 +238,7 @@ func (s *LeaseStore) Acquire(ctx context.Context, name, holder string, ttl time.
 
 // tokenSpace is the token space of the revisions a response's header
 // comes from: "etcd:" and the cluster's ID in hex, as etcd prints member
-// and cluster IDs. A token is a create revision, and the revision is one
+// and cluster IDs. A token is a revision, and the revision is one
 // counter for the whole cluster, so every prefix and every store on one
 // cluster share one token space, and another cluster (another ID) has
 // another. Every response of etcd's v3 API carries the cluster ID in its
@@ -273,11 +282,11 @@ func (s *LeaseStore) heldReason(ctx context.Context, key string) string {
 
 // heldBy names who holds a lease key, and with which token.
 func heldBy(kv *mvccpb.KeyValue) string {
-	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.CreateRevision)
+	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.ModRevision)
 }
 
 // Renew implements leasecore.Lease in two requests: a Get of the lease's
-// key, which must exist with create revision g.Token and value g.Holder,
+// key, which must exist with mod revision g.Token and value g.Holder,
 // then KeepAliveOnce of the etcd lease the key is attached to, which resets
 // its TTL. Otherwise it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost whose Reason says what did not match, and changes
@@ -323,10 +332,18 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 
 // Release implements leasecore.Lease with one transaction
 //
-//	If(CreateRevision(key) == g.Token, Value(key) == g.Holder).Then(Delete(key, WithPrevKV))
+//	If(ModRevision(key) == g.Token, Value(key) == g.Holder, line empty).Then(Delete(key, WithPrevKV))
 //
-// that deletes the key only while it is g's, so the next Acquire succeeds at
-// once with a larger token; then it revokes the etcd lease the deleted key
+// that deletes the key only while it is g's and nobody waits in its line
+// (AcquireQueued), so the next Acquire succeeds at once with a larger
+// token. When somebody waits, Release hands the lease over instead, in one
+// transaction that holds only while the key is g's and the first entry of
+// the line is still there: it puts the key with that waiter's holder and
+// etcd lease (the waiter's token is its revision) and deletes the entry.
+// A store that got the lease handed over knows who was next in line then,
+// and sends that transaction at once; otherwise the first transaction's
+// failed compare, and a read of the key and the line, come first. Either
+// way it then revokes the etcd lease the deleted key
 // was attached to (read from the delete's previous value, not by a separate
 // Get), best effort: the key is already gone, and a lease with no key holds
 // nothing and expires on its own (the revoke runs under ctx, and in the
@@ -359,32 +376,36 @@ func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	if err := s.checkGrant(ctx, op, g); err != nil {
 		return err
 	}
-	key := s.layout.Lease(g.Name)
-	if s.shared {
-		return s.releaseShared(ctx, op, key, g)
-	}
+	return s.releaseOrHandOver(ctx, op, s.layout.Lease(g.Name), g)
+}
+
+// releaseDefault is Release's transaction without shared leases: it
+// deletes key while it is g's (and, with lineCheck, while nobody waits in
+// its line), then revokes its etcd lease. done is false when a compare
+// failed.
+func (s *LeaseStore) releaseDefault(ctx context.Context, op, key string, g leasecore.Grant, lineCheck bool) (done bool, err error) {
 	// The holder's generation keys are those of a store in shared mode,
 	// which a store in this mode must not release names of
 	// (WithSharedLeases); should it, the revoke below ends the shared lease
 	// and its generation key with it — unless it fails, which is why they
 	// are deleted here too. A delete of a range with no key in it costs the
 	// server next to nothing.
+	cmps := s.holdingCmps(key, g, lineCheck)
 	resp, err := s.kv.Txn(ctx).
-		If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
-			clientv3.Compare(clientv3.Value(key), "=", g.Holder)).
+		If(cmps...).
 		Then(clientv3.OpDelete(key, clientv3.WithPrevKV()),
 			clientv3.OpDelete(s.layout.HolderGenPrefix(g.Holder), clientv3.WithPrefix())).
 		Commit()
 	if err != nil {
-		return etcdkv.MapError(ctx, pkg, op, err)
+		return false, etcdkv.MapError(ctx, pkg, op, err)
 	}
 	if !resp.Succeeded {
-		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
+		return false, nil
 	}
 	if prev := resp.Responses[0].GetResponseDeleteRange().GetPrevKvs(); len(prev) > 0 && prev[0].Lease != 0 {
 		s.revoke(ctx, clientv3.LeaseID(prev[0].Lease))
 	}
-	return nil
+	return true, nil
 }
 
 // checkGrant validates a grant passed to Renew or Release.
@@ -402,7 +423,7 @@ func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
 		return "no such lease (expired or released)"
 	}
 	kv := kvs[0]
-	token, holder := leasecore.Token(kv.CreateRevision), string(kv.Value)
+	token, holder := leasecore.Token(kv.ModRevision), string(kv.Value)
 	switch {
 	case token > g.Token:
 		return fmt.Sprintf("token %d was superseded by token %d (holder %q)", g.Token, token, holder)
@@ -471,7 +492,7 @@ func (s *LeaseStore) Inspect(ctx context.Context, name string) (leasecore.LeaseS
 		return free, nil
 	}
 	st := leasecore.LeaseState{Name: name, Exists: true, Holder: string(kv.Value),
-		Token: leasecore.Token(kv.CreateRevision), Held: true}
+		Token: leasecore.Token(kv.ModRevision), Held: true}
 	if ttl.TTL > 0 {
 		st.Remaining = time.Duration(ttl.TTL) * time.Second
 	}

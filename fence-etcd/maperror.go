@@ -46,7 +46,7 @@ import (
 // for ErrUnavailable and context errors the request may or may not have
 // taken effect — a Txn may have been applied before its answer was lost,
 // so a caller that retries must make the retry safe (compare the key's
-// create revision, not just its name).
+// mod revision, the token, not just its name).
 func MapError(ctx context.Context, pkg, op string, err error) error {
 	// fenceetcd's own message for a permission refusal names its key
 	// prefix (WithPrefix); another backend's keys are its own.

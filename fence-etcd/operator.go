@@ -66,7 +66,7 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 			continue
 		}
 		out = append(out, leasecore.LeaseState{Name: name, Exists: true, Holder: string(kv.Value),
-			Token: leasecore.Token(kv.CreateRevision), Held: true, Remaining: left})
+			Token: leasecore.Token(kv.ModRevision), Held: true, Remaining: left})
 	}
 	return out, nil
 }
@@ -82,10 +82,10 @@ func (s *LeaseStore) List(ctx context.Context, limit int) ([]leasecore.LeaseStat
 // (Fence.Advance), then Release the grant, so the next holder gets a
 // larger token still.
 //
-// A token is a key's create revision, so a new token needs a new key:
-// TakeOver deletes the key in one transaction that holds only while the
-// key is still the holding period it read (If(CreateRevision(key) ==
-// token)), then acquires as Acquire does (with this store's mode of
+// A token is the revision that put the key (its mod revision): TakeOver
+// deletes the key in one transaction that holds only while the key is
+// still the holding period it read (If(ModRevision(key) == token)), then
+// acquires as Acquire does (with this store's mode of
 // leases). The etcd lease of the deleted key is left to expire on its own:
 // with shared leases the old holder's other names are attached to it. The
 // same transaction deletes the old holder's generation keys, so every
@@ -126,7 +126,7 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 			// RenewAll) checks it again at its next RenewAll, and finds
 			// it lost.
 			resp, err := s.kv.Txn(ctx).
-				If(clientv3.Compare(clientv3.CreateRevision(key), "=", int64(prev.Token))).
+				If(clientv3.Compare(clientv3.ModRevision(key), "=", int64(prev.Token))).
 				Then(clientv3.OpDelete(key),
 					clientv3.OpDelete(s.layout.HolderGenPrefix(prev.Holder), clientv3.WithPrefix())).
 				Commit()
@@ -159,7 +159,7 @@ func (s *LeaseStore) TakeOver(ctx context.Context, name, holder string, ttl time
 
 // TokenCeiling returns the cluster's current revision: no token this
 // store, or any store on the same cluster, has issued is above it, since
-// a token is a create revision and the revision never goes back. A floor
+// a token is a revision and the revision never goes back. A floor
 // above it was not set by a token of this cluster: a token-space mix-up
 // (the leasefence command's floors warns of it). One request.
 func (s *LeaseStore) TokenCeiling(ctx context.Context) (leasecore.Token, error) {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -65,7 +66,7 @@ type verified struct {
 	// genRev is the mod revision the generation key was last seen with; 0:
 	// not known to exist.
 	genRev int64
-	// names maps each verified name to its token (the key's create
+	// names maps each verified name to its token (the key's mod
 	// revision), verified at genRev; nil: none.
 	names map[string]leasecore.Token
 }
@@ -398,47 +399,52 @@ func (s *LeaseStore) acquiredGen(gen acquireGenOp, names []string, resp *clientv
 	}
 }
 
-// releaseShared is Release in shared mode (see Release): one transaction,
-// whose compares and second operation releaseGen chooses; when its
-// compare on the key's etcd lease fails, a Get says whether the key is
-// still g's, and a second transaction deleting all the holder's generation
-// keys releases it.
-func (s *LeaseStore) releaseShared(ctx context.Context, op, key string, g leasecore.Grant) error {
+// releaseShared is Release's transaction in shared mode: the delete of key
+// while it is g's (and, with lineCheck, while nobody waits in its line),
+// with the operation on the holder's generation keys releaseGen chooses.
+// When that also compares the key's etcd lease, and a compare fails, a
+// read (of the key and the line) says why: the key is no longer g's (an
+// ErrLost error), somebody waits (head, for a hand-over), or the key is g's
+// on an etcd lease other than the store's — whoever verified the name
+// verified it on that lease, whose generation key the store does not know
+// — and a second transaction, which deletes all the holder's generation
+// keys, releases it. done is false when a compare failed; head is the
+// first in line when the read found one.
+func (s *LeaseStore) releaseShared(ctx context.Context, op, key string, g leasecore.Grant, lineCheck bool) (done bool, head *mvccpb.KeyValue, err error) {
 	gen := s.releaseGen(key, g)
-	resp, err := s.releaseTxn(ctx, key, g, gen)
+	resp, err := s.releaseTxn(ctx, key, g, gen, lineCheck)
 	if err != nil {
-		return etcdkv.MapError(ctx, pkg, op, err)
+		return false, nil, etcdkv.MapError(ctx, pkg, op, err)
 	}
 	if !resp.Succeeded && gen.sl != nil {
 		// The compare on the etcd lease may be the one that failed.
-		got, err := s.kv.Get(ctx, key)
+		kvs, first, err := s.readHolding(ctx, key, g.Name)
 		if err != nil {
-			return etcdkv.MapError(ctx, pkg, op, err)
+			return false, nil, etcdkv.MapError(ctx, pkg, op, err)
 		}
-		if reason := lostReason(got.Kvs, g); reason != "" {
-			return lostHold(op, g, reason)
+		if reason := lostReason(kvs, g); reason != "" {
+			return false, nil, lostHold(op, g, reason)
 		}
-		// g's, on an etcd lease other than the store's: whoever verified
-		// the name verified it on that lease, whose generation key the
-		// store does not know.
+		if first != nil && lineCheck {
+			return false, first, nil
+		}
 		gen = s.releaseGenAll(g.Holder)
-		if resp, err = s.releaseTxn(ctx, key, g, gen); err != nil {
-			return etcdkv.MapError(ctx, pkg, op, err)
+		if resp, err = s.releaseTxn(ctx, key, g, gen, lineCheck); err != nil {
+			return false, nil, etcdkv.MapError(ctx, pkg, op, err)
 		}
 	}
 	if !resp.Succeeded {
-		return lostHold(op, g, s.lostReasonNow(ctx, key, g))
+		return false, nil, nil
 	}
 	s.releasedGen(g, gen, resp)
-	return nil
+	return true, nil, nil
 }
 
 // releaseTxn sends a shared-mode Release's transaction: the delete of key
-// while it is g's (and gen's compares hold), with gen's operation.
-func (s *LeaseStore) releaseTxn(ctx context.Context, key string, g leasecore.Grant, gen releaseGenOp) (*clientv3.TxnResponse, error) {
-	cmps := make([]clientv3.Cmp, 0, 3)
-	cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(key), "=", int64(g.Token)),
-		clientv3.Compare(clientv3.Value(key), "=", g.Holder))
+// while it is g's (and gen's compares hold, and with lineCheck nobody
+// waits in its line), with gen's operation.
+func (s *LeaseStore) releaseTxn(ctx context.Context, key string, g leasecore.Grant, gen releaseGenOp, lineCheck bool) (*clientv3.TxnResponse, error) {
+	cmps := s.holdingCmps(key, g, lineCheck)
 	if gen.sl != nil {
 		cmps = append(cmps, clientv3.Compare(clientv3.LeaseValue(key), "=", gen.id))
 	}

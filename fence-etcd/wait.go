@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -26,8 +25,11 @@ const waitSpread = 500 * time.Millisecond
 // key and returns at once when the key is absent (never held, released or
 // expired). Otherwise it watches the key from the revision after that read,
 // so a delete that happened since is still delivered, and returns on the
-// key's delete event — a Release deletes the key, and so does the lessor
-// when it revokes an expired etcd lease. As a bound in case that event is
+// key's next event: a delete — a Release deletes the key, and so does the
+// lessor when it revokes an expired etcd lease — or a put, a Release that
+// hands the lease to the first caller waiting in line (AcquireQueued),
+// which ends the holding period too (the lease is then held again; a
+// caller that acquires next is refused and waits again). As a bound in case that event is
 // missed, it also returns when the etcd lease's remaining TTL (whole
 // seconds, rounded down: plus one second) and up to 500 ms of jitter have
 // passed; a renewal meanwhile makes that wake-up early. A compacted
@@ -104,10 +106,11 @@ func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 		case wresp.Err() != nil:
 			return etcdkv.MapError(ctx, pkg, op, wresp.Err())
 		}
-		for _, ev := range wresp.Events {
-			if ev.Type == mvccpb.DELETE {
-				return nil
-			}
+		if len(wresp.Events) > 0 {
+			// A delete, or a put: a Release that hands the lease to the
+			// first in line (AcquireQueued) puts the key to that waiter.
+			// Either ends the holding period that was read.
+			return nil
 		}
 	}
 }

@@ -29,8 +29,10 @@ import (
 // context ends; a job that is done returns nil (a job that should run once,
 // and not at all while another instance holds the lease, calls Run).
 //
-// While another holder has the lease (ErrHeld), Campaign waits with the
-// Lease's WaitFree when it has one, else polls (WithPollInterval). Errors that
+// While another holder has the lease (ErrHeld), Campaign waits in line when
+// the Lease can hand a lease over at release (backendkit.QueuedAcquirer:
+// fence-etcd's LeaseStore), else with the Lease's WaitFree when it has one,
+// else polls (WithPollInterval). Errors that
 // may pass (ErrUnavailable, ErrLost, ErrLocalDeadline, an acquire that took
 // longer than ttl - margin) are retried after an exponential backoff with
 // jitter (WithBackoff). Any other error cannot heal by retrying: Campaign
@@ -203,16 +205,13 @@ func mayPass(err error) bool {
 
 func (c *campaign) run(ctx context.Context) error {
 	var backoff time.Duration
+	queued := false // refused: wait in line (a backendkit.QueuedAcquirer)
 	for {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		// An acquire that takes longer than ttl - margin gives an unusable
-		// grant anyway: give up on it then and try again.
-		actx, cancel := withClockTimeout(ctx, c.sess.clock, c.sess.ttl-c.sess.margin, errAcquireTimeout)
-		sess, err := NewSession(actx, c.lease, c.name, c.holder, c.cfg.session...)
-		timedOut := errors.Is(context.Cause(actx), errAcquireTimeout)
-		cancel()
+		sess, err := c.newSession(ctx, queued)
+		queued = false
 		if err == nil {
 			backoff = 0
 			if done, err := c.leadOnce(ctx, sess); done {
@@ -223,13 +222,14 @@ func (c *campaign) run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		if timedOut {
-			err = fmt.Errorf("%w (%w)", errAcquireTimeout, err)
-		}
 		switch {
 		case errors.Is(err, ErrHeld):
 			backoff = 0
 			c.observeHolder(ctx)
+			if _, ok := c.lease.(queuedAcquirer); ok {
+				queued = true // the holder's release hands the lease over
+				continue
+			}
 			if !c.waitFree(ctx) {
 				return context.Cause(ctx)
 			}
@@ -244,6 +244,24 @@ func (c *campaign) run(ctx context.Context) error {
 			return err
 		}
 	}
+}
+
+// newSession acquires a session: with one Acquire, or, queued, waiting in
+// line until the lease is handed over or free (AcquireQueued bounds its own
+// wait).
+func (c *campaign) newSession(ctx context.Context, queued bool) (*Session, error) {
+	if q, ok := c.lease.(queuedAcquirer); ok && queued {
+		return newQueuedSession(ctx, q, c.lease, c.name, c.holder, c.sess)
+	}
+	// An acquire that takes longer than ttl - margin gives an unusable
+	// grant anyway: give up on it then and try again.
+	actx, cancel := withClockTimeout(ctx, c.sess.clock, c.sess.ttl-c.sess.margin, errAcquireTimeout)
+	defer cancel()
+	sess, err := NewSession(actx, c.lease, c.name, c.holder, c.cfg.session...)
+	if err != nil && errors.Is(context.Cause(actx), errAcquireTimeout) {
+		err = fmt.Errorf("%w (%w)", errAcquireTimeout, err)
+	}
+	return sess, err
 }
 
 // leadOnce runs lead under sess and releases the lease afterwards. done

@@ -191,6 +191,32 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 		cfg.acquireFailed(Grant{Name: name, Holder: holder}, start, err)
 		return nil, err
 	}
+	return cfg.startSession(ctx, lease, g, start, realStart)
+}
+
+// newQueuedSession is NewSession for a Lease that waits in line
+// (backendkit.QueuedAcquirer): it waits until the lease is its caller's.
+func newQueuedSession(ctx context.Context, q queuedAcquirer, lease Lease, name, holder string, cfg sessionConfig) (*Session, error) {
+	before, realBefore := cfg.clock.Now(), time.Now()
+	g, err := q.AcquireQueued(ctx, name, holder, cfg.ttl)
+	if err != nil {
+		cfg.acquireFailed(Grant{Name: name, Holder: holder}, before, err)
+		return nil, err
+	}
+	if g.Start.IsZero() {
+		// Undated: the reading before the wait is the only safe start.
+		return cfg.startSession(ctx, lease, g, before, realBefore)
+	}
+	// A grant handed over while we waited is dated by the backend (the
+	// start of the TTL it counts): map that onto the session's clock from
+	// a reading taken now.
+	return cfg.startSession(ctx, lease, g, cfg.clock.Now(), time.Now())
+}
+
+// startSession starts the session of grant g, whose holding period began
+// no earlier than start on the session's clock (realStart the same instant
+// by the wall clock; g.Start, when earlier, moves it back).
+func (cfg *sessionConfig) startSession(ctx context.Context, lease Lease, g Grant, start, realStart time.Time) (*Session, error) {
 	g.Start = earliestStart(start, realStart, g)
 	deadline := g.LocalDeadline(cfg.margin)
 	if !cfg.clock.Now().Before(deadline) {
@@ -198,7 +224,7 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 		// Give it back so nobody waits for it to expire.
 		cfg.releaseBestEffort(ctx, lease, g)
 		err := fmt.Errorf("leasecore: new session %q: acquire took longer than ttl - margin (%v): %w",
-			name, cfg.ttl-cfg.margin, ErrLocalDeadline)
+			g.Name, cfg.ttl-cfg.margin, ErrLocalDeadline)
 		cfg.acquireFailed(g, start, err)
 		return nil, err
 	}

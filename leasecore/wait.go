@@ -13,6 +13,12 @@ type freeWaiter interface {
 	WaitFree(ctx context.Context, name string) error
 }
 
+// queuedAcquirer is backendkit.QueuedAcquirer, which documents it for
+// backends: Campaign waits in line with it when the lease has it.
+type queuedAcquirer interface {
+	AcquireQueued(ctx context.Context, name, holder string, ttl time.Duration) (Grant, error)
+}
+
 // jitter returns a random duration in [d/2, d]: bounded above, so a pause
 // never exceeds what the caller configured, and spread below, so waiters
 // that were refused together do not retry together.

@@ -78,7 +78,7 @@ func TestAcquireAllShared(t *testing.T) {
 		}
 		if i%50 == 0 {
 			if _, rev, _ := f.get(t, f.layout(t).Lease(g.Name)); leasecore.Token(rev) != g.Token {
-				t.Fatalf("%s: token %d, create revision %d", g.Name, g.Token, rev)
+				t.Fatalf("%s: token %d, mod revision %d", g.Name, g.Token, rev)
 			}
 			if got := f.leaseOf(t, g.Name); got != id {
 				t.Fatalf("%s on etcd lease %x, want the shared %x", g.Name, got, id)
@@ -166,7 +166,7 @@ func TestAcquireAllSharedMixed(t *testing.T) {
 				t.Fatalf("%s: %v", n, errs[i])
 			}
 			if _, rev, _ := f.get(t, f.layout(t).Lease(n)); leasecore.Token(rev) != gs[i].Token || gs[i].Token <= theirs.Token {
-				t.Fatalf("%s: token %d, create revision %d (earlier acquires up to %d)", n, gs[i].Token, rev, theirs.Token)
+				t.Fatalf("%s: token %d, mod revision %d (earlier acquires up to %d)", n, gs[i].Token, rev, theirs.Token)
 			}
 		}
 	}

@@ -778,7 +778,7 @@ func TestCleanupBeforeLaterAcquire(t *testing.T) {
 			createdEarly, released.Sub(r.at))
 	}
 	if v, rev, ok := f.get(t, key("x")); !ok || v != "holder-a" || leasecore.Token(rev) != r.g.Token {
-		t.Fatalf("after the clean-up: key x %q, create revision %d, present %v; want the later acquire's, token %d", v, rev, ok, r.g.Token)
+		t.Fatalf("after the clean-up: key x %q, mod revision %d, present %v; want the later acquire's, token %d", v, rev, ok, r.g.Token)
 	}
 	if _, err := s.Renew(bg, r.g); err != nil {
 		t.Fatalf("renew of the later grant: %v", err)

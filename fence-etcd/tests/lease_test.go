@@ -228,10 +228,11 @@ func TestRenewKeepsLeaseAlive(t *testing.T) {
 	backendtest.WantHold(t, err, leasecore.ErrLost, "renew", "no such lease (expired or released)")
 }
 
-// TestTokensAreCreateRevisions: every acquire — of a free, released or
+// TestTokensArePutRevisions: every acquire — of a free, released or
 // expired lease, of this name or another — issues a token larger than any
-// before, and the token is the lease key's create revision (I2).
-func TestTokensAreCreateRevisions(t *testing.T) {
+// before, and the token is the revision that put the lease key, its mod
+// revision (I2).
+func TestTokensArePutRevisions(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
 	l := f.layout(t)
@@ -250,7 +251,7 @@ func TestTokensAreCreateRevisions(t *testing.T) {
 			t.Fatalf("acquire %d: token %d, not above the previous %d", i, g.Token, last)
 		}
 		if _, rev, _ := f.get(t, l.Lease(name)); leasecore.Token(rev) != g.Token {
-			t.Fatalf("acquire %d: token %d, but the key's create revision is %d", i, g.Token, rev)
+			t.Fatalf("acquire %d: token %d, but the key's mod revision is %d", i, g.Token, rev)
 		}
 		last = g.Token
 		// Unrelated writes advance the cluster's revision between acquires.

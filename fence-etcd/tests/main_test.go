@@ -65,8 +65,9 @@ func (f *fixture) snapshot(t *testing.T) string {
 	return etcdtest.Snapshot(t, f.cli, f.prefix)
 }
 
-// get returns the key's value and create revision; ok false when absent.
-func (f *fixture) get(t *testing.T, key string) (value string, createRev int64, ok bool) {
+// get returns the key's value and mod revision (for a lease key: its
+// token); ok false when absent.
+func (f *fixture) get(t *testing.T, key string) (value string, modRev int64, ok bool) {
 	t.Helper()
 	resp, err := f.cli.Get(context.Background(), key)
 	if err != nil {
@@ -75,5 +76,5 @@ func (f *fixture) get(t *testing.T, key string) (value string, createRev int64, 
 	if len(resp.Kvs) == 0 {
 		return "", 0, false
 	}
-	return string(resp.Kvs[0].Value), resp.Kvs[0].CreateRevision, true
+	return string(resp.Kvs[0].Value), resp.Kvs[0].ModRevision, true
 }

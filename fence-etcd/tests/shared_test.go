@@ -91,7 +91,7 @@ func TestSharedLeasesOneEtcdLease(t *testing.T) {
 			t.Fatal(err)
 		}
 		if _, rev, _ := f.get(t, f.layout(t).Lease(g.Name)); leasecore.Token(rev) != g.Token {
-			t.Fatalf("%s: token %d, create revision %d", g.Name, g.Token, rev)
+			t.Fatalf("%s: token %d, mod revision %d", g.Name, g.Token, rev)
 		}
 		if i > 0 && g.Token <= gs[i-1].Token {
 			t.Fatalf("token %d after %d: not strictly increasing", g.Token, gs[i-1].Token)

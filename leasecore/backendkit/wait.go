@@ -1,6 +1,11 @@
 package backendkit
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/leasefence/leasefence/leasecore"
+)
 
 // Waiter is an optional interface that may be implemented by a
 // leasecore.Lease. It lets a caller that was refused with leasecore.ErrHeld
@@ -40,4 +45,29 @@ type Waiter interface {
 	// every wait by the TTL on its own clock as a safety net, so a missed
 	// notification costs at most one TTL.
 	WaitFree(ctx context.Context, name string) error
+}
+
+// QueuedAcquirer is an optional interface that may be implemented by a
+// leasecore.Lease whose Release can hand the lease to a waiting caller in
+// the same atomic step that ends the holding period, so the next holder
+// starts after one write instead of a release, a wake-up and an acquire.
+// leasecore.Campaign uses it, when the Lease has it, instead of WaitFree
+// and a new Acquire after a refusal: fence-etcd's LeaseStore implements it
+// with a line of waiting keys.
+type QueuedAcquirer interface {
+	// AcquireQueued acquires name for holder for ttl as Acquire does, and
+	// while another holder has it, waits until it is handed over or free,
+	// instead of returning ErrHeld. The grant's Token obeys I2 as
+	// Acquire's does (larger than every token issued before for name),
+	// and its Start must be no later than the start of the TTL the server
+	// counts for the hold: a grant handed over while the caller waited
+	// may be dated before the call returned. It returns an error wrapping
+	// ctx's when ctx ends, having left the line; a waiter that cannot
+	// wait (connection trouble) returns ErrUnavailable.
+	//
+	// It must bound its own wait: Campaign does not, as a waiter that
+	// gives up loses its place in line. It must wake up at the latest when
+	// the holding period's remaining time, by the backend's clock, has
+	// passed, even if a notification was lost.
+	AcquireQueued(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error)
 }

@@ -392,7 +392,7 @@ func (b *etcdBackend) inspect(ctx context.Context, name string) (leasecore.Lease
 }
 
 // tokenBound: a held lease's token is the latest it issued (its key's
-// create revision; earlier holding periods had smaller ones). A free lease
+// mod revision; earlier holding periods had smaller ones). A free lease
 // has no key, and etcd keeps no record of its tokens: the cluster's
 // revision bounds every token the cluster ever issued.
 func (b *etcdBackend) tokenBound(ctx context.Context, name string, _ bool) (leasecore.Token, string, bool, error) {

@@ -37,7 +37,7 @@ now). In one command, and in this order:
   1. Takes the lease NAME by force, as holder --holder, with a NEW token T larger than
      every token the lease has issued (PostgreSQL: token + 1, updating the lease row,
      never deleting it; etcd: the key is deleted while it still is the holding period
-     read, and created again: a new create revision). The previous holding period ends
+     read, and created again: a new revision). The previous holding period ends
      at once by the server's clock: its holder's next renew or release fails as lost.
   2. Advances the floor of every --scope to T, so the fence rejects every older token
      from now on, the previous holder's included, even if it does not notice step 1

@@ -30,6 +30,9 @@ const DefaultPrefix = "/leasefence"
 //	<prefix>/published/<scope>/<part>      value: PartRecord (etcdcontrol's publisher only)
 //	<prefix>/holdergen/<holder>/<16 hex>   value: empty; attached to the holder's shared etcd lease
 //	                                       whose ID it names (HolderGen): the holder's generation key
+//	<prefix>/queue/<name>/<16 hex>-<8 hex> value: holder; attached to the etcd lease the waiter's hold
+//	                                       will be attached to, whose ID it names (QueueEntry): one
+//	                                       caller waiting in line for the lease (fenceetcd's AcquireQueued)
 //
 // Every name, scope and part is escaped with url.PathEscape, so a "/" in a
 // name is "%2F" in its key: one key never lies inside another's range (scope
@@ -142,6 +145,21 @@ func (l Layout) HolderGen(holder string, id int64) string {
 // included: a delete of this prefix ends what every store verified about
 // holder's names.
 func (l Layout) HolderGenPrefix(holder string) string { return l.key("holdergen", holder) + "/" }
+
+// QueuePrefix is the prefix of lease name's waiting line, "/" included:
+// the entries sorted by create revision are the line, first come first.
+func (l Layout) QueuePrefix(name string) string { return l.key("queue", name) + "/" }
+
+// NewQueueEntry returns a fresh key in lease name's waiting line for a
+// waiter whose hold will be attached to etcd lease id: the ID as 16 hex
+// digits, then 32 random bits, so two waiters on one shared etcd lease
+// still get two keys.
+func (l Layout) NewQueueEntry(name string, id int64) string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	digits := strconv.FormatUint(uint64(id), 16)
+	return l.QueuePrefix(name) + strings.Repeat("0", 16-len(digits)) + digits + "-" + hex.EncodeToString(b[:])
+}
 
 // PartToken is the key of the row-fenced control's per-part token.
 func (l Layout) PartToken(scope, part string) string { return l.key("parttoken", scope, part) }
