@@ -251,7 +251,16 @@ func (l *lab) withServers(ctx context.Context, lane string, port int, cfg config
 			opts = append(opts, pgtemp.WithPort(port))
 			l.say("[%s] starting a temporary PostgreSQL cluster on 127.0.0.1:%d", lane, port)
 		}
-		if srv.cluster, err = pgtemp.Start(ctx, opts...); err != nil {
+		srv.cluster, err = pgtemp.Start(ctx, opts...)
+		if errors.Is(err, pgtemp.ErrPortInUse) {
+			// The lab's other lanes connect at the same time, and the
+			// kernel picks their local ports from a range that holds the
+			// fixed one: it may be one of theirs. The lanes need no fixed
+			// port (the evidence names none), so take any.
+			l.say("[%s] port %d is in use (%v); taking a free port instead", lane, port, err)
+			srv.cluster, err = pgtemp.Start(ctx)
+		}
+		if err != nil {
 			return err
 		}
 		defer func() {
