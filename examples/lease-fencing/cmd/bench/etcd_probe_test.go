@@ -136,6 +136,9 @@ func TestEtcdProbe(t *testing.T) {
 //   - probe_limit_holder_gens: the same, whose release also deletes the
 //     holder's generation keys: the two requests of etcd_acquire_release
 //     while its store has not read its generation key, sent as raw Txns;
+//   - probe_limit_holder_gens_line: the same, whose release also compares
+//     the name's waiting line with empty (a compare over the line's range),
+//     as Release does;
 //   - probe_acquire_release_verified: etcd_acquire_release by a holder
 //     whose store has verified names on its shared lease (taken by
 //     AcquireAll, then renewed), so each Release rewrites the lease's
@@ -166,7 +169,7 @@ func probeOwnVariants(t *testing.T, e *etcdEnv) ([]variant, error) {
 	}
 	e.closers = append(e.closers, session.Close)
 	const rawKey, rawHolder = "/probe/leases/lease/daily-report", "holder-a"
-	raw := func(gens bool) func() error {
+	raw := func(gens, line bool) func() error {
 		return func() error {
 			r, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(rawKey), "=", 0)).
 				Then(clientv3.OpPut(rawKey, rawHolder, clientv3.WithLease(session.Lease()))).Commit()
@@ -177,8 +180,12 @@ func probeOwnVariants(t *testing.T, e *etcdEnv) ([]variant, error) {
 			if gens {
 				ops = append(ops, clientv3.OpDelete("/probe/leases/holdergen/holder-a/", clientv3.WithPrefix()))
 			}
-			d, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(rawKey), "=", r.Header.Revision),
-				clientv3.Compare(clientv3.Value(rawKey), "=", rawHolder)).Then(ops...).Commit()
+			cmps := []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(rawKey), "=", r.Header.Revision),
+				clientv3.Compare(clientv3.Value(rawKey), "=", rawHolder)}
+			if line {
+				cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision("/probe/leases/queue/daily-report/"), "=", 0).WithPrefix())
+			}
+			d, err := e.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
 			if err != nil || !d.Succeeded {
 				return errors.Join(err, errors.New("raw release failed"))
 			}
@@ -186,8 +193,9 @@ func probeOwnVariants(t *testing.T, e *etcdEnv) ([]variant, error) {
 		}
 	}
 	return []variant{
-		{name: "probe_limit_holder", perOp: 1, op: raw(false)},
-		{name: "probe_limit_holder_gens", perOp: 1, op: raw(true)},
+		{name: "probe_limit_holder", perOp: 1, op: raw(false, false)},
+		{name: "probe_limit_holder_gens", perOp: 1, op: raw(true, false)},
+		{name: "probe_limit_holder_gens_line", perOp: 1, op: raw(true, true)},
 		{name: "probe_acquire_release_verified", perOp: 1, op: func() error {
 			g, err := leases.Acquire(ctx, "daily-report", holder, ttl)
 			if err != nil {

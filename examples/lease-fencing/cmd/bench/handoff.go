@@ -409,8 +409,9 @@ func (e *env) handoffContests(ctx context.Context, members int) (contests []*con
 		pollTerms = append(pollTerms, campaign(&poll, struct{ leasecore.Lease }{s}, "bench-handoff-poll", holder,
 			leasecore.WithPollInterval(handoffPoll)))
 
-		// etcd: the fence-etcd LeaseStore waits with a watch; default mode
-		// (an etcd lease per holding period) and shared leases.
+		// etcd: the fence-etcd LeaseStore waits in line (AcquireQueued: the
+		// release hands the lease over); default mode (an etcd lease per
+		// holding period) and shared leases.
 		for _, v := range []struct {
 			c      **contest
 			terms  *[]term
@@ -476,7 +477,8 @@ func (h handoffReport) print(w io.Writer) {
 		h.members, h.members-1, handoffTTL)
 	fmt.Fprintf(w, "# the former leader campaigns again once the next one leads. Waiting: pg_campaign leasecore.Campaign on the pgx\n")
 	fmt.Fprintf(w, "# LeaseStore (LISTEN/NOTIFY); poll_2s the same with its Waiter hidden, WithPollInterval(%v); etcd_campaign Campaign\n", handoffPoll)
-	fmt.Fprintf(w, "# on the fence-etcd LeaseStore (a watch), _shared WithSharedLeases; etcd_election concurrency.Election, a session each.\n")
+	fmt.Fprintf(w, "# on the fence-etcd LeaseStore (in line: the release hands the lease to the first waiter), _shared WithSharedLeases;\n")
+	fmt.Fprintf(w, "# etcd_election concurrency.Election, a session each.\n")
 	fmt.Fprintf(w, "# The variants take turns sample by sample, in a new random order each turn, after a warm-up turn; poll_2s takes\n")
 	fmt.Fprintf(w, "# %d of the %d turns. p99: nearest rank (the largest sample below 100 samples); retries: Campaign retries after\n", h.pollSamples, h.samples)
 	fmt.Fprintf(w, "# an error (a Waiter that could not wait polls), which should be 0 (-: not a Campaign)\n")
