@@ -51,8 +51,8 @@
 // that ends with the session, and releases when the function returns.
 //
 // A replica that should lead continuously calls Campaign instead: it waits
-// for the lease (through the Lease's WaitFree when it has one, else by
-// polling), runs the caller's function with the grant and a context that
+// for the lease (in line when the Lease can hand a lease over at release,
+// else through its WaitFree when it has one, else by polling), runs the caller's function with the grant and a context that
 // ends when the lease can no longer be trusted (Session.Context), and
 // campaigns again after a loss.
 //

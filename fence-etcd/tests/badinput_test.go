@@ -94,6 +94,18 @@ func badCalls(t *testing.T, s stores, grant leasecore.Grant) []conformance.BadCa
 			t.Fatalf("conformance.BadInputCalls has no row %q any more", name)
 		}
 	}
+	// AcquireQueued validates as Acquire does: the same rows, through it.
+	for _, c := range conformance.BadInputCalls(conformance.BadInput{
+		Lease: queuedAcquire{s.leases}, Grant: grant, Free: "lease-new", MinTTL: fenceetcd.MinTTL, TTLGranularity: time.Second,
+	}) {
+		if name, ok := strings.CutPrefix(c.Name, "acquire "); ok && !strings.HasPrefix(name, "all") {
+			if r, ok := etcdReasons[c.Name]; ok {
+				c.Reason = r
+			}
+			c.Name = "acquire queued " + name
+			calls = append(calls, c)
+		}
+	}
 	for _, nr := range s.resources[1:] { // the controls
 		for _, c := range conformance.BadInputCalls(conformance.BadInput{Resource: nr.r, Write: okWrite}) {
 			c.Name = nr.name + " " + c.Name
@@ -115,6 +127,10 @@ func badCalls(t *testing.T, s stores, grant leasecore.Grant) []conformance.BadCa
 			_, err := s.leases.Acquire(ctx, "lease-new", "holder-a", ttl.d)
 			return err
 		})
+		add("acquire queued ttl "+ttl.label, "ttl", func(ctx context.Context) error {
+			_, err := s.leases.AcquireQueued(ctx, "lease-new", "holder-a", ttl.d)
+			return err
+		})
 		add("renew ttl "+ttl.label, "ttl", func(ctx context.Context) error { _, err := s.leases.Renew(ctx, g); return err })
 		add("release ttl "+ttl.label, "ttl", func(ctx context.Context) error { return s.leases.Release(ctx, g) })
 	}
@@ -125,6 +141,14 @@ func badCalls(t *testing.T, s stores, grant leasecore.Grant) []conformance.BadCa
 		return err
 	})
 	return calls
+}
+
+// queuedAcquire is a LeaseStore whose Acquire is its AcquireQueued, for
+// the rows of conformance.BadInputCalls that acquire.
+type queuedAcquire struct{ *fenceetcd.LeaseStore }
+
+func (q queuedAcquire) Acquire(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	return q.AcquireQueued(ctx, name, holder, ttl)
 }
 
 // etcdReasons are rows of conformance.BadInputCalls whose message this test

@@ -380,32 +380,6 @@ func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
 	})
 }
 
-// TestAcquireQueuedBadInput: AcquireQueued validates as Acquire does and
-// writes nothing.
-func TestAcquireQueuedBadInput(t *testing.T) {
-	f := newFixture(t)
-	ctx := context.Background()
-	before := f.snapshot(t)
-	for _, c := range []struct {
-		name, holder, field string
-		ttl                 time.Duration
-	}{
-		{"", "h", "name", time.Minute},
-		{"n", "", "holder", time.Minute},
-		{"n", "h", "ttl", 1500 * time.Millisecond},
-		{"n", "h", "ttl", 0},
-	} {
-		_, err := f.leases.AcquireQueued(ctx, c.name, c.holder, c.ttl)
-		var ae *leasecore.ArgError
-		if !errors.As(err, &ae) || !errors.Is(err, leasecore.ErrInvalidArgument) || ae.Field != c.field {
-			t.Errorf("AcquireQueued(%q, %q, %v): %v; want an ArgError for %s", c.name, c.holder, c.ttl, err, c.field)
-		}
-	}
-	if after := f.snapshot(t); after != before {
-		t.Fatalf("bad input wrote:\n%s\nbefore:\n%s", after, before)
-	}
-}
-
 // TestCampaignWaitsInLine: leasecore.Campaign on fence-etcd waits in line
 // (AcquireQueued): three campaigners that each lead three short terms get
 // nine terms, one at a time, with tokens increasing in the order they led,
