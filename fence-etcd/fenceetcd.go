@@ -61,12 +61,13 @@
 //	refused Acquire      Grant + Txn + Revoke        Txn
 //	Release              Txn + Revoke                Txn
 //	Release, hand-over   Txn + Revoke                Txn
-//	  (store knew the line)
+//	  (store knew the line: it renewed, or got the lease handed over)
 //	Release, hand-over   Txn + Txn + Txn + Revoke    Txn + Txn + Txn
 //	  (line unknown)     (the failed delete, a read of the key and the line, the hand-over)
 //	AcquireQueued        Grant + Txn (+ keep-alive   Txn, as Acquire's (+ keep-alive
 //	                     per TTL/3 while waiting)    once per TTL/3 while waiting)
-//	Renew                Range + keep-alive          Range + keep-alive
+//	Renew                Txn (a read of the key and  Txn + keep-alive
+//	                     the line) + keep-alive
 //	RenewAll, n names    ceil(n/128) Txn             ceil(n/128) Txn
 //	                     + n keep-alives             + 1 keep-alive per holder and TTL
 //	Close                nothing                     1 Revoke per holder and TTL

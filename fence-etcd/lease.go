@@ -285,9 +285,11 @@ func heldBy(kv *mvccpb.KeyValue) string {
 	return fmt.Sprintf("held by %q with token %d", kv.Value, kv.ModRevision)
 }
 
-// Renew implements leasecore.Lease in two requests: a Get of the lease's
-// key, which must exist with mod revision g.Token and value g.Holder,
-// then KeepAliveOnce of the etcd lease the key is attached to, which resets
+// Renew implements leasecore.Lease in two requests: a read of the lease's
+// key, which must exist with mod revision g.Token and value g.Holder (and,
+// in the same request, of the first entry of the name's waiting line, so
+// that the holder's Release can hand the lease over in one transaction,
+// see AcquireQueued), then KeepAliveOnce of the etcd lease the key is attached to, which resets
 // its TTL. Otherwise it returns a *leasecore.HoldError wrapping
 // leasecore.ErrLost whose Reason says what did not match, and changes
 // nothing. After expiry the key is gone (the lessor deletes it with the
@@ -304,17 +306,20 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 	if err := s.checkGrant(ctx, op, g); err != nil {
 		return leasecore.Grant{}, err
 	}
-	resp, err := s.kv.Get(ctx, s.layout.Lease(g.Name))
+	key := s.layout.Lease(g.Name)
+	kvs, head, header, err := s.readHolding(ctx, key, g.Name)
 	if err != nil {
 		return leasecore.Grant{}, etcdkv.MapError(ctx, pkg, op, err)
 	}
-	if reason := lostReason(resp.Kvs, g); reason != "" {
+	if reason := lostReason(kvs, g); reason != "" {
 		return leasecore.Grant{}, lostHold(op, g, reason)
 	}
+	// Who waits first in line, for this holding period's Release.
+	s.rememberHead(key, g.Token, head)
 	// Read before sending: the lessor extends from when it handles the
 	// keep-alive, so Start + TTL is never later than the new expiry.
-	id := clientv3.LeaseID(resp.Kvs[0].Lease)
-	space := tokenSpace(resp.Header)
+	id := clientv3.LeaseID(kvs[0].Lease)
+	space := tokenSpace(header)
 	start := time.Now()
 	err = s.keepAlive(ctx, id)
 	switch {
@@ -341,8 +346,11 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // the line is still there: it puts the key with that waiter's holder and
 // etcd lease (the waiter's token is its revision) and deletes the entry.
 // A store that got the lease handed over knows who was next in line then,
-// and sends that transaction at once; otherwise the first transaction's
-// failed compare, and a read of the key and the line, come first. Either
+// and one that renewed it knows who was first at the renewal (Renew reads
+// the line with the key); such a store sends that transaction at once
+// (should that waiter have left, a read and another try follow).
+// Otherwise the first transaction's failed compare, and a read of the key
+// and the line, come first. Either
 // way it then revokes the etcd lease the deleted key
 // was attached to (read from the delete's previous value, not by a separate
 // Get), best effort: the key is already gone, and a lease with no key holds

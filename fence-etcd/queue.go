@@ -199,9 +199,11 @@ func (w *waiter) granted(rev int64, h *etcdserverpb.ResponseHeader) leasecore.Gr
 		s.mu.Unlock()
 	}
 	token := leasecore.Token(rev)
+	var next *mvccpb.KeyValue
 	if len(w.others) > 0 {
-		s.rememberHead(w.key, token, w.others[0])
+		next = w.others[0]
 	}
+	s.rememberHead(w.key, token, next)
 	return leasecore.Grant{Name: w.name, Holder: w.holder, Token: token, TTL: w.ttl, Start: start, Space: tokenSpace(h)}
 }
 
@@ -497,7 +499,7 @@ func (s *LeaseStore) releaseOrHandOver(ctx context.Context, op, key string, g le
 			return err
 		}
 		// A compare failed: is the key still g's, and who waits?
-		kvs, first, err := s.readHolding(ctx, key, g.Name)
+		kvs, first, _, err := s.readHolding(ctx, key, g.Name)
 		if err != nil {
 			return etcdkv.MapError(ctx, pkg, op, err)
 		}
@@ -564,34 +566,43 @@ func (s *LeaseStore) handOver(ctx context.Context, op, key string, g leasecore.G
 
 // readHolding reads the lease's key and the first entry of its line (nil
 // when nobody waits), in one request.
-func (s *LeaseStore) readHolding(ctx context.Context, key, name string) (kvs []*mvccpb.KeyValue, head *mvccpb.KeyValue, err error) {
+func (s *LeaseStore) readHolding(ctx context.Context, key, name string) (
+	kvs []*mvccpb.KeyValue, head *mvccpb.KeyValue, header *etcdserverpb.ResponseHeader, err error) {
 	resp, err := s.kv.Txn(ctx).Then(
 		clientv3.OpGet(key),
 		clientv3.OpGet(s.layout.QueuePrefix(name), clientv3.WithPrefix(),
 			clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))).
 		Commit()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if line := resp.Responses[1].GetResponseRange().GetKvs(); len(line) > 0 {
 		head = line[0]
 	}
-	return resp.Responses[0].GetResponseRange().GetKvs(), head, nil
+	return resp.Responses[0].GetResponseRange().GetKvs(), head, resp.Header, nil
 }
 
-// knownHead is who stood first in a lease's line, after the waiter the
-// lease was handed to, when the store's AcquireQueued got it: its Release
-// of that holding period hands over to it without reading first.
+// knownHead is who stood first in a lease's line when the store last
+// looked during a holding period — when its AcquireQueued got the lease
+// (the waiter after it), or at a Renew: its Release of that holding period
+// hands over to it without reading first.
 type knownHead struct {
 	token leasecore.Token
 	entry *mvccpb.KeyValue
 }
 
-// rememberHead records the first in line after the holding period token
-// of the lease whose key is key.
+// rememberHead records the first in line during the holding period token
+// of the lease whose key is key; nil: nobody waits.
 func (s *LeaseStore) rememberHead(key string, token leasecore.Token, entry *mvccpb.KeyValue) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if h, ok := s.heads[key]; ok && h.token > token {
+		return // a later holding period's
+	}
+	if entry == nil {
+		delete(s.heads, key)
+		return
+	}
 	if s.heads == nil {
 		s.heads = make(map[string]knownHead)
 	}

@@ -418,7 +418,7 @@ func (s *LeaseStore) releaseShared(ctx context.Context, op, key string, g leasec
 	}
 	if !resp.Succeeded && gen.sl != nil {
 		// The compare on the etcd lease may be the one that failed.
-		kvs, first, err := s.readHolding(ctx, key, g.Name)
+		kvs, first, _, err := s.readHolding(ctx, key, g.Name)
 		if err != nil {
 			return false, nil, etcdkv.MapError(ctx, pkg, op, err)
 		}

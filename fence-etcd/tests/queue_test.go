@@ -210,6 +210,49 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 	})
 }
 
+// TestReleaseAfterRenewHandsOverInOneWrite: a holder that renewed since
+// somebody joined the line knows who waits first (Renew reads the line
+// with the key), so its Release hands the lease over in one transaction.
+func TestReleaseAfterRenewHandsOverInOneWrite(t *testing.T) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+		ctx := context.Background()
+		cli, rc := countingClient(t)
+		opts := []fenceetcd.Option{fenceetcd.WithPrefix(f.prefix)}
+		if shared {
+			opts = append(opts, fenceetcd.WithSharedLeases())
+		}
+		a, err := fenceetcd.NewLeaseStore(cli, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := acquireQueued(ctx, store(), "job", "holder-b", time.Minute)
+		f.waitLine(t, "job", "holder-b")
+		if ga, err = a.Renew(ctx, ga); err != nil {
+			t.Fatal(err)
+		}
+		rc.take()
+		if err := a.Release(ctx, ga); err != nil {
+			t.Fatal(err)
+		}
+		want := "Txn"
+		if !shared {
+			want += " LeaseRevoke"
+		}
+		if got := rc.take(); got != want {
+			t.Errorf("Release after a Renew that saw the line: calls %q, want %q", got, want)
+		}
+		gb, err := q.result(t)
+		if err != nil || gb.Holder != "holder-b" || gb.Token <= ga.Token {
+			t.Fatalf("handed over: %+v, %v; want holder-b's with a token above %d", gb, err, ga.Token)
+		}
+	})
+}
+
 // TestAcquireQueuedFree: a free lease is acquired at once, with nobody in
 // line afterwards.
 func TestAcquireQueuedFree(t *testing.T) {

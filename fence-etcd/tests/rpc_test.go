@@ -229,7 +229,7 @@ func TestRoundTrips(t *testing.T) {
 	step("shared: Acquire", "Txn", acquire(shared, "shard-1", &g1))
 	step("shared: Release", "Txn", func() error { return shared.Release(ctx, g1) })
 	step("shared: Acquire of a held name (refused)", "Txn Range", held(shared, "shard-0"))
-	step("shared: Renew", "Range LeaseKeepAlive", func() (err error) { g0, err = shared.Renew(ctx, g0); return err })
+	step("shared: Renew", "Txn LeaseKeepAlive", func() (err error) { g0, err = shared.Renew(ctx, g0); return err })
 
 	step("per-acquire lease: Acquire", "LeaseGrant Txn", acquire(perAcquire, "solo", &g2))
 	step("per-acquire lease: Release", "Txn LeaseRevoke", func() error { return perAcquire.Release(ctx, g2) })
@@ -386,7 +386,7 @@ func TestRoundTrips(t *testing.T) {
 
 	// After Close, a keep-alive (Renew keeps working) is a KeepAliveOnce:
 	// a stream of its own.
-	step("per-acquire lease: Renew after Close", "Range LeaseKeepAlive", func() (err error) {
+	step("per-acquire lease: Renew after Close", "Txn LeaseKeepAlive", func() (err error) {
 		_, err = perAcquire.Renew(ctx, pg[0])
 		return err
 	})

@@ -218,7 +218,7 @@ func TestSharedLeaseStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rc.take(); got != "Range LeaseKeepAlive" {
+	if got := rc.take(); got != "Txn LeaseKeepAlive" {
 		t.Fatalf("renew: calls %q", got)
 	}
 	if !r1.Start.After(g4.Start) || r1.Token != g1.Token {
