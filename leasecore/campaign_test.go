@@ -431,3 +431,105 @@ func TestCampaignReleasesWhenLeadPanics(t *testing.T) {
 	waitGoroutines(t, baseline)
 	f.local.WaitTimers(t, 0)
 }
+
+// queuedLease waits in line (backendkit.QueuedAcquirer): AcquireQueued
+// calls wait, then acquires, and dates the grant dated before it returns,
+// as a backend whose hold started with an earlier request does.
+type queuedLease struct {
+	*spyLease
+	wait   func(ctx context.Context) error
+	dated  time.Duration
+	queued atomic.Int64
+}
+
+func (q *queuedLease) AcquireQueued(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
+	q.queued.Add(1)
+	if err := q.wait(ctx); err != nil {
+		return leasecore.Grant{}, err
+	}
+	g, err := q.spyLease.Acquire(ctx, name, holder, ttl)
+	if err == nil {
+		g.Start = time.Now().Add(-q.dated)
+	}
+	return g, err
+}
+
+// With a QueuedAcquirer the campaign, refused, waits in line instead of
+// polling or waiting with WaitFree: it leads when AcquireQueued returns,
+// without any time passing on its clock, and its session counts from the
+// grant's Start, which the backend dated before the call returned.
+func TestCampaignWaitsInLine(t *testing.T) {
+	f := newFixture(false)
+	b, err := f.leases.Acquire(context.Background(), "report-job", "holder-b", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handed := make(chan struct{})
+	const dated = 300 * time.Millisecond
+	q := &queuedLease{spyLease: f.spy, dated: dated, wait: func(ctx context.Context) error {
+		select {
+		case <-handed:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}}
+	grants := make(chan leasecore.Grant, 1)
+	r := f.startCampaign(t, q, "holder-a", func(ctx context.Context, g leasecore.Grant) error {
+		grants <- g
+		<-ctx.Done()
+		return nil
+	})
+	r.next(t, leasecore.CampaignObserved)
+	if err := f.leases.Release(context.Background(), b); err != nil {
+		t.Fatal(err)
+	}
+	close(handed)
+	if ev := r.next(t, leasecore.CampaignElected); ev.Token != 2 {
+		t.Errorf("elected %+v, want token 2", ev)
+	}
+	g := <-grants
+	if early := epoch.Sub(g.Start); early < dated || early > dated+realWait {
+		t.Errorf("lead's grant starts %v before the clock's reading at the election, want the backend's %v (and little more)", early, dated)
+	}
+	if f.local.Since() != 0 {
+		t.Errorf("the clock moved %v", f.local.Since())
+	}
+	if n, m := q.queued.Load(), f.spy.acquires.Load(); n != 1 || m != 2 {
+		t.Errorf("AcquireQueued called %d times, Acquire %d; want 1 and 2 (refused, then in line)", n, m)
+	}
+}
+
+// An error of AcquireQueued that may pass is retried after a backoff (in
+// line again); one that cannot heal ends the campaign.
+func TestCampaignInLineErrors(t *testing.T) {
+	f := newFixture(false)
+	if _, err := f.leases.Acquire(context.Background(), "report-job", "holder-b", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	config := fmt.Errorf("no such role: %w", leasecore.ErrConfig)
+	q := &queuedLease{spyLease: f.spy, wait: func(ctx context.Context) error {
+		if calls.Add(1) == 1 {
+			return fmt.Errorf("watch lost: %w", leasecore.ErrUnavailable)
+		}
+		return config
+	}}
+	r := f.startCampaign(t, q, "holder-a", func(ctx context.Context, _ leasecore.Grant) error {
+		t.Error("lead called")
+		return nil
+	})
+	r.next(t, leasecore.CampaignObserved)
+	ev := r.next(t, leasecore.CampaignRetry)
+	if !errors.Is(ev.Err, leasecore.ErrUnavailable) {
+		t.Errorf("retry %+v, want AcquireQueued's error", ev)
+	}
+	f.local.WaitPause(t, ev.Delay)
+	f.local.Advance(ev.Delay)
+	if err := r.result(t); !errors.Is(err, leasecore.ErrConfig) {
+		t.Errorf("Campaign = %v, want the ErrConfig of AcquireQueued", err)
+	}
+	if n := q.queued.Load(); n != 2 {
+		t.Errorf("AcquireQueued called %d times, want 2", n)
+	}
+}
