@@ -255,9 +255,10 @@ func (w *waiter) watch(ctx context.Context, keyCh, lineCh clientv3.WatchChan, re
 			continue
 		case <-check.C:
 			// A missed notification costs at most this: is the key gone?
+			// (The watches start again from the read's revision.)
 			check.Reset(w.checkAfter())
 			g, again, err := w.sync(ctx)
-			return g, again, err == nil && g.Token == 0 && !again, err
+			return g, again, false, err
 		case wresp, open = <-keyCh:
 			isKey = true
 		case wresp, open = <-lineCh:
