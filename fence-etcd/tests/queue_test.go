@@ -558,3 +558,33 @@ func TestWaitFreeSeesAHandOver(t *testing.T) {
 		t.Fatalf("Observe: %v", err)
 	}
 }
+
+// TestAcquireQueuedAcrossItsChecks: a waiter reads the key once per TTL in
+// case a notification was missed, and watches again from that read; it is
+// still in line, and handed the lease, after a few such checks.
+func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	b, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ga, err := f.leases.Acquire(ctx, "job", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = 2 * time.Second // a check every 2-2.5 s, a keep-alive every 667 ms
+	q := acquireQueued(ctx, b, "job", "holder-b", ttl)
+	f.waitLine(t, "job", "holder-b")
+	time.Sleep(2*ttl + time.Second)
+	q.pending(t, "after two checks")
+	f.waitLine(t, "job", "holder-b")
+	if err := f.leases.Release(ctx, ga); err != nil {
+		t.Fatal(err)
+	}
+	gb, err := q.result(t)
+	if err != nil || gb.Holder != "holder-b" || gb.Token <= ga.Token {
+		t.Fatalf("handed over: %+v, %v; want holder-b's with a token above %d", gb, err, ga.Token)
+	}
+}
