@@ -140,7 +140,7 @@ func (w *waiter) join(ctx context.Context) (leasecore.Grant, error) {
 			return leasecore.Grant{}, err
 		}
 		before := s.lastRev.Load()
-		w.entry = s.layout.NewQueueEntry(w.name, int64(w.id))
+		w.entry, w.others = s.layout.NewQueueEntry(w.name, int64(w.id)), nil
 		resp, err := s.kv.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(w.key), "=", 0)).
 			Then(clientv3.OpPut(w.key, w.holder, clientv3.WithLease(w.id))).
@@ -158,7 +158,7 @@ func (w *waiter) join(ctx context.Context) (leasecore.Grant, error) {
 		case err != nil:
 			// It may have been applied: take back what it may have put.
 			if w.sl != nil {
-				s.cleanUp(ctx, []cleanupStep{s.unputIfOurs(w.key, w.holder, w.id, before), w.unqueue()})
+				s.cleanUp(ctx, []cleanupStep{s.unputIfOurs(w.key, w.holder, w.id, before), w.unqueueOf(w.entry)})
 			} else {
 				s.revoke(ctx, w.id)
 			}
@@ -167,7 +167,6 @@ func (w *waiter) join(ctx context.Context) (leasecore.Grant, error) {
 			return w.granted(resp.Header.Revision, resp.Header), nil
 		}
 		w.entryRev, w.rev = resp.Header.Revision, resp.Header.Revision
-		w.others = nil
 		for _, kv := range resp.Responses[1].GetResponseRange().GetKvs() {
 			if string(kv.Key) != w.entry {
 				w.others = append(w.others, kv)

@@ -527,6 +527,28 @@ func TestDeadlineEtcd(t *testing.T) {
 			acquire(t, plain, name, "h")
 			return func(ctx context.Context) error { return plain.WaitFree(ctx, name) }
 		}},
+		{name: "AcquireQueued/join_transaction", at: "/Txn", setup: func(t *testing.T) func(context.Context) error {
+			// Held; the Txn that joins the line never answers: the revoke
+			// of the lease granted for the entry.
+			name := fresh("q")
+			acquire(t, plain, name, "other")
+			return func(ctx context.Context) error { return ignore2(plain.AcquireQueued(ctx, name, "h", ttl)) }
+		}},
+		{name: "AcquireQueued/shared_join_transaction", at: "/Txn", setup: func(t *testing.T) func(context.Context) error {
+			// The same in shared mode: the deletes of the entry and of a
+			// key the Txn may have created.
+			acquire(t, shared, fresh("a"), "hs")
+			name := fresh("q")
+			acquire(t, plain, name, "other")
+			return func(ctx context.Context) error { return ignore2(shared.AcquireQueued(ctx, name, "hs", ttl)) }
+		}},
+		{name: "AcquireQueued/in_line", at: "/Watch", setup: func(t *testing.T) func(context.Context) error {
+			// In line; the server stops as the watches open: leaving the
+			// line (the revoke) goes on in the background.
+			name := fresh("q")
+			acquire(t, plain, name, "other")
+			return func(ctx context.Context) error { return ignore2(plain.AcquireQueued(ctx, name, "h", ttl)) }
+		}},
 		{name: "List", setup: func(t *testing.T) func(context.Context) error {
 			return func(ctx context.Context) error { return ignore2(plain.List(ctx, 10)) }
 		}},
@@ -647,6 +669,14 @@ func TestDeadlineEtcd(t *testing.T) {
 		if strings.Contains(string(kv.Key), "/batch-") {
 			t.Errorf("key %s (holder %s) of a failed AcquireAll left behind", kv.Key, kv.Value)
 		}
+	}
+	// Nor is any AcquireQueued still in a line (shared mode's entries
+	// went with Close's revoke; default mode's with their revoked leases).
+	if resp, err = fz.cli.Get(bg, prefix+"/queue/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range resp.Kvs {
+		t.Errorf("entry %s (holder %s) of a failed AcquireQueued left in line", kv.Key, kv.Value)
 	}
 }
 
