@@ -24,8 +24,9 @@ type campaignResult struct {
 // with its own lease client, campaign for one lease; one leads, the others
 // wait; the leader steps down (its function returns, Campaign releases);
 // exactly one waiter takes over with a larger token. The hand-off time is
-// measured and reported; how the waiters waited (the lease client's
-// backendkit.Waiter, or polling) is said in a note.
+// measured and reported; how the waiters waited (in the line of the lease
+// client's backendkit.QueuedAcquirer, with its backendkit.Waiter, or
+// polling) is said in a note.
 func caseF11(ctx context.Context, c *caseRun, h Harness) {
 	ttl := c.ttl(5 * time.Second)
 	type election struct {
@@ -48,7 +49,10 @@ func caseF11(ctx context.Context, c *caseRun, h Harness) {
 		down := make(chan struct{}) // lead reads its own channel, never the map
 		stepDown[holder] = down
 		lease, _ := c.openLease(h)
-		if _, ok := lease.(backendkit.Waiter); ok {
+		switch lease.(type) {
+		case backendkit.QueuedAcquirer:
+			waiting = "standing in line (the lease client's backendkit.QueuedAcquirer: the release hands the lease to the first waiter)"
+		case backendkit.Waiter:
 			waiting = "the lease client's backendkit.Waiter, or polling where it cannot wait"
 		}
 		lead := func(ctx context.Context, g leasecore.Grant) error {
