@@ -30,10 +30,10 @@ import (
 // shared lease — which AcquireQueued keeps alive while it waits. The line
 // is ordered by the entries' create revisions. Release hands the lease to
 // the first entry of the line in its own transaction: it puts the lease's
-// key with that waiter's holder and etcd lease and deletes the entry, so
-// the hand-over costs one write and the waiter's token is that write's
-// revision — larger than every token issued before, like every token (the
-// key's mod revision). AcquireQueued watches the key and returns the grant
+// key with that waiter's holder and etcd lease and deletes the entry (one
+// write when the holder's store knows who waits first, two otherwise: see
+// Release), and the waiter's token is that write's revision — larger than
+// every token issued before, like every token (the key's mod revision). AcquireQueued watches the key and returns the grant
 // when it sees that put. When the key is deleted instead (the holder's
 // lease expired, a TakeOver, a Release through a store that does not hand
 // over) every waiter tries to create it at once, and one gets it. Each
@@ -54,8 +54,9 @@ import (
 // run in the background as Acquire's do.
 //
 // Errors are Acquire's (the refusal aside: AcquireQueued does not return
-// leasecore.ErrHeld), and leasecore.ErrUnavailable when the watch cannot be
-// kept (the member has no leader, the client closed). Close does not end a
+// leasecore.ErrHeld), and leasecore.ErrUnavailable when the watch or the
+// keep-alives of the waiter's etcd lease fail (the member has no leader,
+// the connection broke, the client closed); it has left the line then. Close does not end a
 // wait in progress (in shared mode it ends the waiter's etcd lease, and the
 // waiter then fails with ErrStoreClosed as it joins again): end its ctx.
 // A holder must not call Acquire for a name it waits in line for through
