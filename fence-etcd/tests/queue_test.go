@@ -57,6 +57,27 @@ func (q *queued) pending(t *testing.T, what string) {
 	}
 }
 
+// handedOver waits for the call's grant and fails the test unless it is
+// holder's, with a token above after.
+func (q *queued) handedOver(t *testing.T, holder string, after leasecore.Token) leasecore.Grant {
+	t.Helper()
+	g, err := q.result(t)
+	if err != nil || g.Holder != holder || g.Token <= after {
+		t.Fatalf("AcquireQueued: %+v, %v; want %s's grant with a token above %d", g, err, holder, after)
+	}
+	return g
+}
+
+// cancelled ends the call's context with cancel and fails the test unless
+// the call returns context.Canceled.
+func (q *queued) cancelled(t *testing.T, cancel context.CancelFunc) {
+	t.Helper()
+	cancel()
+	if _, err := q.result(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireQueued after cancel: %v; want context.Canceled", err)
+	}
+}
+
 // line returns the holders waiting in name's line, first first.
 func (f *fixture) line(t *testing.T, name string) []string {
 	t.Helper()
@@ -157,12 +178,9 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 		if got := rc.take(); got != "Txn Txn Txn LeaseRevoke" {
 			t.Errorf("Release with a line unknown to the store: calls %q, want %q", got, "Txn Txn Txn LeaseRevoke")
 		}
-		gb, err := qb.result(t)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if gb.Holder != "holder-b" || gb.Token <= ga.Token || gb.TTL != time.Minute {
-			t.Fatalf("handed over: %+v; want holder-b's with a token above %d", gb, ga.Token)
+		gb := qb.handedOver(t, "holder-b", ga.Token)
+		if gb.TTL != time.Minute {
+			t.Fatalf("handed-over grant's TTL %v, want the waiter's %v", gb.TTL, time.Minute)
 		}
 		if v, rev, ok := f.get(t, f.layout(t).Lease(name)); !ok || v != "holder-b" || leasecore.Token(rev) != gb.Token {
 			t.Fatalf("the key: %q, mod revision %d, present %v; want holder-b's, token %d", v, rev, ok, gb.Token)
@@ -195,13 +213,7 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 		if got := rcB.take(); got != want {
 			t.Errorf("Release through the store that got the lease handed over: calls %q, want %q", got, want)
 		}
-		gc, err := qc.result(t)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if gc.Holder != "holder-c" || gc.Token <= gb.Token {
-			t.Fatalf("handed over: %+v; want holder-c's with a token above %d", gc, gb.Token)
-		}
+		gc := qc.handedOver(t, "holder-c", gb.Token)
 		f.waitLine(t, name)
 		if err := c.Release(ctx, gc); err != nil {
 			t.Fatal(err)
@@ -246,10 +258,7 @@ func TestReleaseAfterRenewHandsOverInOneWrite(t *testing.T) {
 		if got := rc.take(); got != want {
 			t.Errorf("Release after a Renew that saw the line: calls %q, want %q", got, want)
 		}
-		gb, err := q.result(t)
-		if err != nil || gb.Holder != "holder-b" || gb.Token <= ga.Token {
-			t.Fatalf("handed over: %+v, %v; want holder-b's with a token above %d", gb, err, ga.Token)
-		}
+		q.handedOver(t, "holder-b", ga.Token)
 	})
 }
 
@@ -288,10 +297,7 @@ func TestAcquireQueuedLeavesOnCancel(t *testing.T) {
 		qctx, cancel := context.WithCancel(ctx)
 		q := acquireQueued(qctx, b, "job", "holder-b", time.Minute)
 		f.waitLine(t, "job", "holder-b")
-		cancel()
-		if _, err := q.result(t); !errors.Is(err, context.Canceled) {
-			t.Fatalf("AcquireQueued after cancel: %v; want context.Canceled", err)
-		}
+		q.cancelled(t, cancel)
 		f.waitLine(t, "job")
 		if err := a.Release(ctx, ga); err != nil {
 			t.Fatal(err)
@@ -313,13 +319,7 @@ func TestAcquireQueuedAfterExpiry(t *testing.T) {
 		}
 		q := acquireQueued(ctx, b, "job", "holder-b", time.Minute)
 		f.waitLine(t, "job", "holder-b")
-		gb, err := q.result(t)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if gb.Holder != "holder-b" || gb.Token <= ga.Token {
-			t.Fatalf("after expiry: %+v; want holder-b's with a token above %d", gb, ga.Token)
-		}
+		gb := q.handedOver(t, "holder-b", ga.Token)
 		_, err = a.Renew(ctx, ga)
 		backendtest.WantHold(t, err, leasecore.ErrLost, "renew",
 			fmt.Sprintf("token %d was superseded by token %d (holder %q)", ga.Token, gb.Token, "holder-b"))
@@ -376,13 +376,7 @@ func TestAcquireQueuedRejoins(t *testing.T) {
 	if err := a.Release(ctx, ga); err != nil {
 		t.Fatal(err)
 	}
-	gb, err := q.result(t)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if gb.Holder != "holder-b" || gb.Token <= ga.Token {
-		t.Fatalf("handed over: %+v; want holder-b's with a token above %d", gb, ga.Token)
-	}
+	gb := q.handedOver(t, "holder-b", ga.Token)
 	if _, err := b.Renew(ctx, gb); err != nil {
 		t.Fatal(err)
 	}
@@ -407,14 +401,8 @@ func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
 		if err := a.Release(ctx, ga); err != nil {
 			t.Fatal(err)
 		}
-		gb, err := qb.result(t)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cancel()
-		if _, err := qc.result(t); !errors.Is(err, context.Canceled) {
-			t.Fatalf("AcquireQueued after cancel: %v; want context.Canceled", err)
-		}
+		gb := qb.handedOver(t, "holder-b", ga.Token)
+		qc.cancelled(t, cancel)
 		f.waitLine(t, "job")
 		if err := b.Release(ctx, gb); err != nil {
 			t.Fatal(err)
@@ -583,8 +571,5 @@ func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
 	if err := f.leases.Release(ctx, ga); err != nil {
 		t.Fatal(err)
 	}
-	gb, err := q.result(t)
-	if err != nil || gb.Holder != "holder-b" || gb.Token <= ga.Token {
-		t.Fatalf("handed over: %+v, %v; want holder-b's with a token above %d", gb, err, ga.Token)
-	}
+	q.handedOver(t, "holder-b", ga.Token)
 }
