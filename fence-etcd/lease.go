@@ -350,16 +350,17 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // the line with the key); such a store sends that transaction at once
 // (should that waiter have left, a read and another try follow).
 // Otherwise the first transaction's failed compare, and a read of the key
-// and the line, come first. Either
-// way it then revokes the etcd lease the deleted key
-// was attached to (read from the delete's previous value, not by a separate
-// Get), best effort: the key is already gone, and a lease with no key holds
-// nothing and expires on its own (the revoke runs under ctx, and in the
-// background when ctx has ended, as Acquire's clean-up). When the compare
-// fails, a separate Get says why (no Else branch, for the reason given on
-// Acquire); the refusal was decided by the transaction. Released twice, after expiry or
-// after a take-over it returns a *leasecore.HoldError wrapping
-// leasecore.ErrLost and changes nothing.
+// and the line, come first. Either way it then revokes the etcd lease g's
+// key was attached to (read from the transaction's previous value, not by
+// a separate Get), best effort: no key is attached to it any more, and a
+// lease with no key holds nothing and expires on its own (the revoke runs
+// under ctx, and in the background when ctx has ended, as Acquire's
+// clean-up). When a compare fails, a separate read of the key and the line
+// says why (no Else branch, for the reason given on Acquire); the refusal
+// was decided by the transaction. Released twice, after expiry or after a
+// take-over or a hand-over it returns a *leasecore.HoldError wrapping
+// leasecore.ErrLost and changes nothing; should that read fail, Release
+// returns its error (not leasecore.ErrLost: the name may still be g's).
 //
 // In shared mode it is the transaction alone, and the delete returns no
 // previous value: the shared etcd lease is not revoked, as the holder's
@@ -376,9 +377,8 @@ func (s *LeaseStore) Renew(ctx context.Context, g leasecore.Grant) (leasecore.Gr
 // RenewAll's fast path, unless the generation key had changed since the
 // store last saw it. When that compare fails but the key is g's (a name
 // acquired through another store, or before the store replaced its shared
-// lease), a Get and a second transaction, which deletes all of the holder's
-// generation keys, release it; should that Get fail, Release returns its
-// error (not leasecore.ErrLost: the name may still be g's).
+// lease), a read and a second transaction, which deletes all of the holder's
+// generation keys, release it.
 func (s *LeaseStore) Release(ctx context.Context, g leasecore.Grant) error {
 	const op = "release"
 	if err := s.checkGrant(ctx, op, g); err != nil {
@@ -443,21 +443,6 @@ func lostReason(kvs []*mvccpb.KeyValue, g leasecore.Grant) string {
 		return fmt.Sprintf("holder %q does not hold it (%s)", g.Holder, heldBy(kv))
 	}
 	return ""
-}
-
-// lostReasonNow reads key after a compare on g's holding period failed
-// and says why it is not g's. A holding period never comes back, so a key
-// that matches g again cannot be found; if it were, the reason says the
-// key changed concurrently.
-func (s *LeaseStore) lostReasonNow(ctx context.Context, key string, g leasecore.Grant) string {
-	resp, err := s.kv.Get(ctx, key)
-	if err != nil {
-		return fmt.Sprintf("not held (the key could not be read: %v)", err)
-	}
-	if reason := lostReason(resp.Kvs, g); reason != "" {
-		return reason
-	}
-	return "changed concurrently"
 }
 
 func lostHold(op string, g leasecore.Grant, reason string) error {

@@ -5,10 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -569,6 +573,50 @@ func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
 	q.pending(t, "after two checks")
 	f.waitLine(t, "job", "holder-b")
 	if err := f.leases.Release(ctx, ga); err != nil {
+		t.Fatal(err)
+	}
+	q.handedOver(t, "holder-b", ga.Token)
+}
+
+// TestReleaseReadFailsWithAWaiter: a Release whose delete fails its compare
+// on the line and whose read of the key and the line then fails returns the
+// read's error, not leasecore.ErrLost, and changes nothing: the key is
+// still the grant's, and the waiter still in line. Released again once the
+// read works, the lease is handed over.
+func TestReleaseReadFailsWithAWaiter(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	var failRead atomic.Bool
+	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if failRead.Load() && isRead(method, req) {
+				return status.Error(codes.ResourceExhausted, "injected: the read fails") // not retried by the client
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	a, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(f.prefix))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := acquireQueued(ctx, f.leases, "job", "holder-b", time.Minute)
+	f.waitLine(t, "job", "holder-b")
+	failRead.Store(true)
+	err = a.Release(ctx, ga)
+	failRead.Store(false)
+	if !errors.Is(err, leasecore.ErrUnavailable) || errors.Is(err, leasecore.ErrLost) {
+		t.Fatalf("Release with the read failing: %v; want ErrUnavailable, not ErrLost", err)
+	}
+	if st, err := f.leases.Inspect(ctx, "job"); err != nil || st.Holder != "holder-a" || st.Token != ga.Token {
+		t.Fatalf("after the failed Release: %+v, %v; want holder-a still holding token %d", st, err, ga.Token)
+	}
+	f.waitLine(t, "job", "holder-b")
+	if err := a.Release(ctx, ga); err != nil {
 		t.Fatal(err)
 	}
 	q.handedOver(t, "holder-b", ga.Token)
