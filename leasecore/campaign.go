@@ -140,6 +140,7 @@ type CampaignEvent struct {
 
 type campaign struct {
 	lease        Lease
+	queue        queuedAcquirer // lease, when it can wait in line; else nil
 	name, holder string
 	lead         func(context.Context, Grant) error
 	cfg          campaignConfig
@@ -179,7 +180,8 @@ func newCampaign(lease Lease, name, holder string, lead func(context.Context, Gr
 	case cfg.backoffMax < cfg.backoffMin:
 		return nil, bad("backoff maximum", cfg.backoffMax, fmt.Sprintf("must not be below the minimum %v", cfg.backoffMin))
 	}
-	return &campaign{lease: lease, name: name, holder: holder, lead: lead, cfg: cfg, sess: sess}, nil
+	queue, _ := lease.(queuedAcquirer)
+	return &campaign{lease: lease, queue: queue, name: name, holder: holder, lead: lead, cfg: cfg, sess: sess}, nil
 }
 
 func (c *campaign) emit(ev CampaignEvent) {
@@ -226,7 +228,7 @@ func (c *campaign) run(ctx context.Context) error {
 		case errors.Is(err, ErrHeld):
 			backoff = 0
 			c.observeHolder(ctx)
-			if _, ok := c.lease.(queuedAcquirer); ok {
+			if c.queue != nil {
 				queued = true // the holder's release hands the lease over
 				continue
 			}
@@ -250,8 +252,8 @@ func (c *campaign) run(ctx context.Context) error {
 // line until the lease is handed over or free (AcquireQueued bounds its own
 // wait).
 func (c *campaign) newSession(ctx context.Context, queued bool) (*Session, error) {
-	if q, ok := c.lease.(queuedAcquirer); ok && queued {
-		return newQueuedSession(ctx, q, c.lease, c.name, c.holder, c.sess)
+	if queued {
+		return newQueuedSession(ctx, c.queue, c.lease, c.name, c.holder, c.sess)
 	}
 	// An acquire that takes longer than ttl - margin gives an unusable
 	// grant anyway: give up on it then and try again.

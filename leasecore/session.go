@@ -195,7 +195,8 @@ func NewSession(ctx context.Context, lease Lease, name, holder string, opts ...S
 }
 
 // newQueuedSession is NewSession for a Lease that waits in line
-// (backendkit.QueuedAcquirer): it waits until the lease is its caller's.
+// (backendkit.QueuedAcquirer, q: lease as one): it waits until the lease
+// is its caller's.
 func newQueuedSession(ctx context.Context, q queuedAcquirer, lease Lease, name, holder string, cfg sessionConfig) (*Session, error) {
 	before, realBefore := cfg.clock.Now(), time.Now()
 	g, err := q.AcquireQueued(ctx, name, holder, cfg.ttl)

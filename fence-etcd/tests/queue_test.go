@@ -5,14 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/leasefence/leasefence/conformance/backendtest"
 	fenceetcd "github.com/leasefence/leasefence/fence-etcd"
@@ -113,24 +109,43 @@ func (f *fixture) waitLine(t *testing.T, name string, want ...string) {
 	}
 }
 
+// leaseStore returns a lease store under the fixture's prefix on cli (on
+// a client of its own when cli is nil), with shared leases or not, closed
+// when the test ends.
+func (f *fixture) leaseStore(t *testing.T, cli *clientv3.Client, shared bool) *fenceetcd.LeaseStore {
+	t.Helper()
+	if cli == nil {
+		cli = etcdtest.Client(t)
+	}
+	opts := []fenceetcd.Option{fenceetcd.WithPrefix(f.prefix)}
+	if shared {
+		opts = append(opts, fenceetcd.WithSharedLeases())
+	}
+	s, err := fenceetcd.NewLeaseStore(cli, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// wantHeld fails the test unless lease name's key holds holder with token
+// as its mod revision.
+func (f *fixture) wantHeld(t *testing.T, name, holder string, token leasecore.Token) {
+	t.Helper()
+	if v, rev, ok := f.get(t, f.layout(t).Lease(name)); !ok || v != holder || leasecore.Token(rev) != token {
+		t.Fatalf("the key of %q: %q, mod revision %d, present %v; want %s's, token %d", name, v, rev, ok, holder, token)
+	}
+}
+
 // forBothModes runs run without and with shared leases; store makes a
-// store of the mode, on a client of its own, closed at the end.
-func forBothModes(t *testing.T, run func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore)) {
+// lease store of the mode on cli (nil: a client of its own), closed at the
+// end.
+func forBothModes(t *testing.T, run func(t *testing.T, f *fixture, shared bool, store func(cli *clientv3.Client) *fenceetcd.LeaseStore)) {
 	for _, shared := range []bool{false, true} {
 		t.Run(map[bool]string{false: "per-acquire", true: "shared"}[shared], func(t *testing.T) {
 			f := newFixture(t)
-			run(t, f, shared, func() *fenceetcd.LeaseStore {
-				opts := []fenceetcd.Option{fenceetcd.WithPrefix(f.prefix)}
-				if shared {
-					opts = append(opts, fenceetcd.WithSharedLeases())
-				}
-				s, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), opts...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = s.Close() })
-				return s
-			})
+			run(t, f, shared, func(cli *clientv3.Client) *fenceetcd.LeaseStore { return f.leaseStore(t, cli, shared) })
 		})
 	}
 }
@@ -143,30 +158,17 @@ func forBothModes(t *testing.T, run func(t *testing.T, f *fixture, shared bool, 
 // that got the lease handed over with the line behind it, sends one
 // transaction.
 func TestAcquireQueuedHandOver(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
 		const name = "report-job"
 		cliA, rc := countingClient(t)
-		a, err := fenceetcd.NewLeaseStore(cliA, fenceetcd.WithPrefix(f.prefix))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
+		a := f.leaseStore(t, cliA, false)
 		ga, err := a.Acquire(ctx, name, "holder-a", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cliB, rcB := countingClient(t)
-		opts := []fenceetcd.Option{fenceetcd.WithPrefix(f.prefix)}
-		if shared {
-			opts = append(opts, fenceetcd.WithSharedLeases())
-		}
-		b, err := fenceetcd.NewLeaseStore(cliB, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		c := store()
+		b, c := store(cliB), store(nil)
 		qb := acquireQueued(ctx, b, name, "holder-b", time.Minute)
 		f.waitLine(t, name, "holder-b")
 		qc := acquireQueued(ctx, c, name, "holder-c", time.Minute)
@@ -186,9 +188,7 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 		if gb.TTL != time.Minute {
 			t.Fatalf("handed-over grant's TTL %v, want the waiter's %v", gb.TTL, time.Minute)
 		}
-		if v, rev, ok := f.get(t, f.layout(t).Lease(name)); !ok || v != "holder-b" || leasecore.Token(rev) != gb.Token {
-			t.Fatalf("the key: %q, mod revision %d, present %v; want holder-b's, token %d", v, rev, ok, gb.Token)
-		}
+		f.wantHeld(t, name, "holder-b", gb.Token)
 		if gb.Start.After(before) || before.Sub(gb.Start) > time.Minute/3+5*time.Second {
 			t.Fatalf("handed-over grant's Start %v: want before the release (%v), within TTL/3 of it", gb.Start, before)
 		}
@@ -230,23 +230,15 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 // somebody joined the line knows who waits first (Renew reads the line
 // with the key), so its Release hands the lease over in one transaction.
 func TestReleaseAfterRenewHandsOverInOneWrite(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
 		cli, rc := countingClient(t)
-		opts := []fenceetcd.Option{fenceetcd.WithPrefix(f.prefix)}
-		if shared {
-			opts = append(opts, fenceetcd.WithSharedLeases())
-		}
-		a, err := fenceetcd.NewLeaseStore(cli, opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
+		a := store(cli)
 		ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		q := acquireQueued(ctx, store(), "job", "holder-b", time.Minute)
+		q := acquireQueued(ctx, store(nil), "job", "holder-b", time.Minute)
 		f.waitLine(t, "job", "holder-b")
 		if ga, err = a.Renew(ctx, ga); err != nil {
 			t.Fatal(err)
@@ -269,16 +261,14 @@ func TestReleaseAfterRenewHandsOverInOneWrite(t *testing.T) {
 // TestAcquireQueuedFree: a free lease is acquired at once, with nobody in
 // line afterwards.
 func TestAcquireQueuedFree(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
-		s := store()
+		s := store(nil)
 		g, err := s.AcquireQueued(ctx, "free", "holder-a", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if v, rev, ok := f.get(t, f.layout(t).Lease("free")); !ok || v != "holder-a" || leasecore.Token(rev) != g.Token {
-			t.Fatalf("the key: %q, mod revision %d, present %v; want holder-a's, token %d", v, rev, ok, g.Token)
-		}
+		f.wantHeld(t, "free", "holder-a", g.Token)
 		f.waitLine(t, "free")
 		if err := s.Release(ctx, g); err != nil {
 			t.Fatal(err)
@@ -291,9 +281,9 @@ func TestAcquireQueuedFree(t *testing.T) {
 // context's error and leaves the line; the holder's Release then frees the
 // lease instead of handing it over.
 func TestAcquireQueuedLeavesOnCancel(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
-		a, b := store(), store()
+		a, b := store(nil), store(nil)
 		ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -314,9 +304,9 @@ func TestAcquireQueuedLeavesOnCancel(t *testing.T) {
 // lease at expiry, and the waiter, woken by the lessor's delete, gets it
 // with a larger token.
 func TestAcquireQueuedAfterExpiry(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
-		a, b := store(), store()
+		a, b := store(nil), store(nil)
 		ga, err := a.Acquire(ctx, "job", "holder-a", 2*time.Second)
 		if err != nil {
 			t.Fatal(err)
@@ -337,16 +327,8 @@ func TestAcquireQueuedAfterExpiry(t *testing.T) {
 func TestAcquireQueuedRejoins(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	a, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a := f.leaseStore(t, nil, false)
+	b := f.leaseStore(t, nil, false)
 	ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -390,9 +372,9 @@ func TestAcquireQueuedRejoins(t *testing.T) {
 // behind it, but that waiter left: the hand-over's compare fails, a read
 // finds the line empty, and the lease is freed.
 func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx := context.Background()
-		a, b, c := store(), store(), store()
+		a, b, c := store(nil), store(nil), store(nil)
 		ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
 		if err != nil {
 			t.Fatal(err)
@@ -421,7 +403,7 @@ func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
 // each term handed over by the previous leader's release (no retry, no
 // poll).
 func TestCampaignWaitsInLine(t *testing.T) {
-	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func() *fenceetcd.LeaseStore) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		type term struct {
@@ -438,7 +420,7 @@ func TestCampaignWaitsInLine(t *testing.T) {
 		)
 		var wg sync.WaitGroup
 		for i := range 3 {
-			s := store()
+			s := store(nil)
 			holder := fmt.Sprintf("campaigner-%d", i)
 			wg.Go(func() {
 				for range 3 {
@@ -495,11 +477,7 @@ func TestCampaignWaitsInLine(t *testing.T) {
 func TestWaitFreeSeesAHandOver(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	b, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := f.leaseStore(t, nil, false)
 	ga, err := f.leases.Acquire(ctx, "job", "holder-a", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -557,11 +535,7 @@ func TestWaitFreeSeesAHandOver(t *testing.T) {
 func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	b, err := fenceetcd.NewLeaseStore(etcdtest.Client(t), fenceetcd.WithPrefix(f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := f.leaseStore(t, nil, false)
 	ga, err := f.leases.Acquire(ctx, "job", "holder-a", time.Minute)
 	if err != nil {
 		t.Fatal(err)
@@ -586,20 +560,8 @@ func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
 func TestReleaseReadFailsWithAWaiter(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	var failRead atomic.Bool
-	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
-			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			if failRead.Load() && isRead(method, req) {
-				return status.Error(codes.ResourceExhausted, "injected: the read fails") // not retried by the client
-			}
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}))
-	a, err := fenceetcd.NewLeaseStore(cli, fenceetcd.WithPrefix(f.prefix))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
+	cli, failRead := failingReadsClient(t)
+	a := f.leaseStore(t, cli, false)
 	ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
 	if err != nil {
 		t.Fatal(err)

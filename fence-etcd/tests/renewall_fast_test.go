@@ -368,6 +368,23 @@ func isRead(method string, req any) bool {
 	return true
 }
 
+// failingReadsClient returns a client of the shared server whose reads
+// (isRead) fail while the returned flag is set, with an error the client
+// does not retry.
+func failingReadsClient(t *testing.T) (*clientv3.Client, *atomic.Bool) {
+	t.Helper()
+	fail := new(atomic.Bool)
+	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if fail.Load() && isRead(method, req) {
+				return status.Error(codes.ResourceExhausted, "injected: the read fails") // not retried by the client
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	return cli, fail
+}
+
 // TestReleaseOffTheStoresLeaseReadFails: when the read after a failed
 // compare on the key's etcd lease fails, Release returns that error, not
 // leasecore.ErrLost, and the name stays held: the key may still be the
@@ -375,15 +392,7 @@ func isRead(method string, req any) bool {
 // released.
 func TestReleaseOffTheStoresLeaseReadFails(t *testing.T) {
 	f := newFixture(t)
-	var failRange atomic.Bool
-	cli := dialWith(t, etcdtest.Server(t).Endpoints(),
-		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
-			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			if failRange.Load() && isRead(method, req) {
-				return status.Error(codes.ResourceExhausted, "injected: the read fails") // not retried by the client
-			}
-			return invoker(ctx, method, req, reply, cc, opts...)
-		}))
+	cli, failRange := failingReadsClient(t)
 	s := sharedStore(t, f, cli)
 	defer s.Close()
 	other := sharedStore(t, f, etcdtest.Client(t))
