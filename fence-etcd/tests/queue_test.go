@@ -138,6 +138,17 @@ func (f *fixture) wantHeld(t *testing.T, name, holder string, token leasecore.To
 	}
 }
 
+// releaseFrees releases g through s and fails the test unless that frees
+// the lease: nobody in line, the key gone.
+func (f *fixture) releaseFrees(t *testing.T, s *fenceetcd.LeaseStore, g leasecore.Grant) {
+	t.Helper()
+	f.waitLine(t, g.Name)
+	if err := s.Release(context.Background(), g); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, f, g.Name)
+}
+
 // forBothModes runs run without and with shared leases; store makes a
 // lease store of the mode on cli (nil: a client of its own), closed at the
 // end.
@@ -218,11 +229,7 @@ func TestAcquireQueuedHandOver(t *testing.T) {
 			t.Errorf("Release through the store that got the lease handed over: calls %q, want %q", got, want)
 		}
 		gc := qc.handedOver(t, "holder-c", gb.Token)
-		f.waitLine(t, name)
-		if err := c.Release(ctx, gc); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, f, name)
+		f.releaseFrees(t, c, gc)
 	})
 }
 
@@ -269,11 +276,7 @@ func TestAcquireQueuedFree(t *testing.T) {
 			t.Fatal(err)
 		}
 		f.wantHeld(t, "free", "holder-a", g.Token)
-		f.waitLine(t, "free")
-		if err := s.Release(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, f, "free")
+		f.releaseFrees(t, s, g)
 	})
 }
 
@@ -292,11 +295,7 @@ func TestAcquireQueuedLeavesOnCancel(t *testing.T) {
 		q := acquireQueued(qctx, b, "job", "holder-b", time.Minute)
 		f.waitLine(t, "job", "holder-b")
 		q.cancelled(t, cancel)
-		f.waitLine(t, "job")
-		if err := a.Release(ctx, ga); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, f, "job")
+		f.releaseFrees(t, a, ga)
 	})
 }
 
@@ -389,11 +388,7 @@ func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
 		}
 		gb := qb.handedOver(t, "holder-b", ga.Token)
 		qc.cancelled(t, cancel)
-		f.waitLine(t, "job")
-		if err := b.Release(ctx, gb); err != nil {
-			t.Fatal(err)
-		}
-		waitGone(t, f, "job")
+		f.releaseFrees(t, b, gb)
 	})
 }
 
