@@ -72,6 +72,14 @@ func TestCheckRenewAll(t *testing.T) {
 		{"repeated name", "grants[1].name", []leasecore.Grant{g("a", "h1"), g("a", "h1")}},
 		{"bad token", "grants[1].token", []leasecore.Grant{g("a", "h1"), {Name: "b", Holder: "h1", TTL: time.Second}}},
 		{"bad ttl", "grants[0].ttl", []leasecore.Grant{{Name: "a", Holder: "h1", Token: 1}}},
+		{"bad ttl later", "grants[2].ttl", []leasecore.Grant{g("a", "h1"), g("b", "h1"), {Name: "c", Holder: "h1", Token: 1}}},
+		{"bad name later", "grants[2].name", []leasecore.Grant{g("a", "h1"), g("b", "h1"), g("c\x00", "h1")}},
+		{"bad holder later", "grants[1].holder", []leasecore.Grant{g("a", "h1"), g("b", " h1")}},
+		{"bad space later", "grants[2].space", []leasecore.Grant{
+			{Name: "a", Holder: "h1", Token: 1, TTL: time.Second, Space: "s"},
+			{Name: "b", Holder: "h1", Token: 1, TTL: time.Second, Space: "s"},
+			{Name: "c", Holder: "h1", Token: 1, TTL: time.Second, Space: "s\x00"}}},
+		{"repeated name later", "grants[3].name", []leasecore.Grant{g("a", "h1"), g("b", "h1"), g("c", "h1"), g("b", "h1")}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := backendkit.CheckRenewAll(context.Background(), tc.gs, time.Millisecond)
@@ -79,7 +87,38 @@ func TestCheckRenewAll(t *testing.T) {
 			if !errors.As(err, &ae) || ae.Field != tc.field || !strings.Contains(err.Error(), tc.field) {
 				t.Fatalf("CheckRenewAll = %v, want an ArgError on field %q", err, tc.field)
 			}
+			if tc.name == "repeated name later" && !strings.Contains(err.Error(), "repeats grants[1]") {
+				t.Fatalf("CheckRenewAll = %v, want it to name grants[1]", err)
+			}
 		})
+	}
+	many := make([]leasecore.Grant, 100)
+	for i := range many {
+		many[i] = leasecore.Grant{Name: fmt.Sprintf("shard-%03d", i), Holder: "h1", Token: leasecore.Token(i + 1), TTL: time.Second, Space: "s"}
+	}
+	if err := backendkit.CheckRenewAll(context.Background(), many, time.Millisecond); err != nil {
+		t.Fatalf("100 valid grants: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := backendkit.CheckRenewAll(ctx, many, time.Millisecond); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled context: %v", err)
+	}
+}
+
+// BenchmarkCheckRenewAll is a holder's renewal of 100 names: run on every
+// RenewAll, every renew interval.
+func BenchmarkCheckRenewAll(b *testing.B) {
+	gs := make([]leasecore.Grant, 100)
+	for i := range gs {
+		gs[i] = leasecore.Grant{Name: fmt.Sprintf("holder-0042/shard-%03d", i), Holder: "holder-0042", Token: leasecore.Token(i + 1),
+			TTL: 15 * time.Second, Space: "etcd:cluster-id"}
+	}
+	ctx := context.Background()
+	for b.Loop() {
+		if err := backendkit.CheckRenewAll(ctx, gs, time.Second); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
