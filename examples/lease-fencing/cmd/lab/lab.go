@@ -162,7 +162,8 @@ type caseOutput struct {
 // recovery), so two sets halve the lab's wall time; but the default is
 // one: on two CPUs beside two CPU burners, twelve cases at once delayed
 // PostgreSQL renewals past the suite's 1.5 s TTLs and failed timing
-// checks in each of three runs, where six at once passed (docs/lab.md).
+// checks in five of six runs, ten at once in two of two, where six at
+// once passed three of three (docs/lab.md).
 func (l *lab) run(ctx context.Context, names []string) (failed int, err error) {
 	var selected []config
 	for _, n := range names {
