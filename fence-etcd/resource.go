@@ -62,13 +62,14 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 // transaction that puts the part,
 //
 //	If(Value(floor) == enc(w.Token))
-//	Then(OpTxn(Put(part, record)) [, Put(attempt, accepted) with leasecore.LogAll])
-//	Else(Get(floor))
+//	Then(Put(part, record) [, Put(attempt, accepted) with leasecore.LogAll])
 //
 // one request when the floor already equals the token (the holder wrote
 // before, or called Fence.Advance); the first write of a new token
-// advances the floor and sends it again (three requests); see Fence.Commit
-// for the rejection, its log record and why I3 holds. etcd applies the
+// advances the floor and sends it again (three requests); a rejection is
+// two (the second, the advance's, is refused and reads the floor that beat
+// the token); see Fence.Commit for the rejection, its log record and why
+// I3 holds. etcd applies the
 // compare and the branch it selects as one atomic step in its serial apply
 // loop: no other write can fall between the check and the write, as it can
 // with a read of the floor followed by a separate write (the
@@ -110,8 +111,7 @@ func (r *Resource) Write(ctx context.Context, w leasecore.Write) (leasecore.Resu
 // part in the caller's branch of the guarded transaction:
 //
 //	If(Value(floor) == enc(b.Token))
-//	Then(OpTxn(Put(part, record) for each part) [, Put(attempt, accepted)])
-//	Else(Get(floor))
+//	Then(Put(part, record) for each part [, Put(attempt, accepted)])
 //
 // The token is compared with the floor once, and every part is stored or
 // none, in one atomic step. Each part's record is encoded as in Write.
