@@ -36,6 +36,7 @@ import (
 //	/tmp/pcpu/bench.test -test.run '^TestParallelCPU$' -test.v -parallel-cpu-rounds 10
 var (
 	parallelCPURounds   = flag.Int("parallel-cpu-rounds", 0, "rounds of TestParallelCPU; 0: TestParallelCPU is skipped")
+	parallelCPUWaits    = flag.Bool("parallel-cpu-waits", true, "TestParallelCPU: sample the backends' wait events while each variant runs (costs CPU)")
 	parallelCPUVariants = flag.String("parallel-cpu-variants", "unfenced_8_clients,fenced_8_scopes_8_clients,limit_8_scopes_8_clients",
 		"concurrent PostgreSQL variants TestParallelCPU measures, comma-separated")
 )
@@ -84,7 +85,10 @@ func TestParallelCPU(t *testing.T) {
 			// it by the writes of all of them.
 			all := 0
 			syncs0 := walSyncs(ctx, t, e.par)
-			stop := sampleWaits(ctx, t, e.par.Config().ConnConfig, pids, waits[i])
+			stop := func() {}
+			if *parallelCPUWaits {
+				stop = sampleWaits(ctx, t, e.par.Config().ConnConfig, pids, waits[i])
+			}
 			c0, s0 := selfCPU(), procCPU(pids)
 			res := testing.Benchmark(func(b *testing.B) { all += b.N; byName[names[i]].bench(b) })
 			c1, s1 := selfCPU(), procCPU(pids)
