@@ -93,8 +93,8 @@ import (
 // Counted as gRPC calls; TestRoundTrips checks them:
 //
 //	Commit, floor == token (the same holder again)   Txn
-//	Commit, floor absent or below the token          Txn + Txn (advance) + Txn
-//	Commit, rejected                                  Txn + Txn (advance, refused) (+ Put of its log record)
+//	Commit, floor absent or below the token          Txn + Range + Txn (advance) + Txn
+//	Commit, rejected                                  Txn + Range (+ Put of its log record)
 //	                                                  (+ Txn reading floor and space, for a claim with a space)
 //	Advance                                           Txn (+ Put of the log record of a rejection)
 //	                                                  (+ Txn reading floor and space, as above)
@@ -237,15 +237,14 @@ func (f *Fence) Advance(ctx context.Context, c leasecore.Claim) (leasecore.Resul
 // Result, not an error — but for a floor from another token space, which
 // comes with a *leasecore.TokenSpaceError (see Fence).
 //
-// When the guard fails, Commit sends Advance's transaction for c, whose
-// compare decides: a floor above c.Token rejects the claim, and that
-// transaction reads the floor that did (two requests; the guarded one
-// carries no Else branch to read it, which every accepted Commit would pay
-// for); a floor absent or below it (the first write of a scope, or of a
-// new holder that did not call Advance) is raised to c.Token, and the
-// guarded transaction goes once more — three requests — which fails only if
-// a newer token advanced the floor in between (rejected, with the floor a
-// read then finds). See Fence for why I3 holds.
+// When the guard fails, Commit reads the floor (a Range: the guarded
+// transaction carries no Else branch to read it, which every accepted
+// Commit would pay for, etcd carrying a branch it does not run through its
+// log). Above c.Token, the claim is rejected; absent or below it (the first
+// write of a scope, or of a new holder that did not call Advance), Commit
+// advances the floor as Advance does and sends the guarded transaction once
+// more — four requests — which fails only if a newer token advanced the
+// floor in between (rejected). See Fence for why I3 holds.
 //
 // That advance is a request of its own, and it stays applied whatever
 // follows: when the guarded transaction sent after it is rejected (a newer
@@ -340,8 +339,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		// No Else branch reads the floor: etcd carries the operations of a
 		// branch it does not run through its log, so every accepted write
 		// would pay for a read that only a failed guard needs (measured in
-		// docs/performance.md). A failed guard is followed by the advance,
-		// whose own compare decides the rejection and reads its floor.
+		// docs/performance.md). A failed guard reads it next, on its own.
 		resp, err := f.kv.Txn(ctx).If(guard).Then(then...).Commit()
 		if err != nil {
 			return leasecore.Result{}, nil, etcdkv.MapError(ctx, pkg, op, err)
@@ -361,35 +359,35 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			inner.Header = resp.Header // a nested response's header is empty
 			return leasecore.Result{Accepted: true, Floor: c.Token}, inner, nil
 		}
-		var res leasecore.Result
+		// The floor is not c.Token. Above it now, a larger token has
+		// been advanced, by this read at the latest: a rejection, with
+		// that floor. A floor that is no token (written outside the fence)
+		// is an error here, before an advance could overwrite it.
+		floor, err := f.floor(ctx, op, floorKey)
+		if err != nil {
+			return leasecore.Result{}, nil, err
+		}
+		if floor > c.Token {
+			res := leasecore.Result{Floor: floor}
+			err := f.rejected(ctx, op, c, attempt(), record(false, floor))
+			f.report(op, c, res, err)
+			return res, nil, err
+		}
 		if advanced {
 			// The floor was at least c.Token after our advance and only
-			// an advance writes it: above c.Token now, a newer token
-			// advanced it in between (rejected); otherwise someone wrote
-			// it outside the fence.
-			floor, err := f.floor(ctx, op, floorKey)
-			if err != nil {
-				return leasecore.Result{}, nil, err
-			}
-			if floor <= c.Token {
-				return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
-					"key %q was written outside the fence: %w", pkg, op, c.Scope, floor, c.Token, floorKey, leasecore.ErrConfig)
-			}
-			res = leasecore.Result{Floor: floor}
-		} else {
-			// Above c.Token, the advance rejects the claim with the floor it
-			// read in its own compare's step; absent or below, it raises
-			// the floor and the guarded transaction goes again.
-			if res, err = f.advance(ctx, op, c); err != nil {
-				return leasecore.Result{}, nil, err
-			}
-			if res.Accepted {
-				continue
-			}
+			// an advance writes it: someone wrote it outside the fence.
+			return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
+				"key %q was written outside the fence: %w", pkg, op, c.Scope, floor, c.Token, floorKey, leasecore.ErrConfig)
 		}
-		err = f.rejected(ctx, op, c, attempt(), record(false, res.Floor))
-		f.report(op, c, res, err)
-		return res, nil, err
+		res, err := f.advance(ctx, op, c)
+		if err != nil {
+			return leasecore.Result{}, nil, err
+		}
+		if !res.Accepted {
+			err := f.rejected(ctx, op, c, attempt(), record(false, res.Floor))
+			f.report(op, c, res, err)
+			return res, nil, err
+		}
 	}
 }
 

@@ -78,8 +78,9 @@
 //
 //	Fence.Advance                    Txn
 //	Fence.Commit, floor == token     Txn
-//	Fence.Commit, first              Txn + Txn (advance) + Txn
-//	Fence.Commit, rejected           Txn + Put (its log record; none with LogNone)
+//	Fence.Commit, first              Txn + Range (the floor) + Txn (advance) + Txn
+//	Fence.Commit, rejected           Txn + Range (the floor that beat the token)
+//	                                 + Put (its log record; none with LogNone)
 //	                                 + Txn (the floor's token space; claims with a Space only)
 //	                                 (a scope that moved away: + Txn, its seal record, instead)
 //	Resource.Write, WriteBatch       as Fence.Commit

@@ -65,11 +65,11 @@ func NewResource(cli *clientv3.Client, opts ...Option) (*Resource, error) {
 //	Then(Put(part, record) [, Put(attempt, accepted) with leasecore.LogAll])
 //
 // one request when the floor already equals the token (the holder wrote
-// before, or called Fence.Advance); the first write of a new token
-// advances the floor and sends it again (three requests); a rejection is
-// two (the second, the advance's, is refused and reads the floor that beat
-// the token); see Fence.Commit for the rejection, its log record and why
-// I3 holds. etcd applies the
+// before, or called Fence.Advance); the first write of a new token reads
+// the floor, advances it and sends the write again (four requests); a
+// rejection is two (the write, then the read of the floor that beat the
+// token); see Fence.Commit for the rejection, its log record and why I3
+// holds. etcd applies the
 // compare and the branch it selects as one atomic step in its serial apply
 // loop: no other write can fall between the check and the write, as it can
 // with a read of the floor followed by a separate write (the

@@ -72,7 +72,7 @@ func regStep(state, input, output any, readFloor bool) []any {
 	case OutRejected:
 		// The fence reports the floor that beat the token, read in the same
 		// atomic step as its decision (the check statement on PostgreSQL,
-		// the refused advance's Txn on etcd).
+		// the read that follows a failed guard on etcd, floors only rising).
 		if !allowed && out.Floor == s.Floor {
 			return []any{s}
 		}

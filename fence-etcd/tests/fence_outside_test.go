@@ -45,6 +45,34 @@ func TestFenceFloorNotAToken(t *testing.T) {
 	}
 }
 
+// TestFenceFloorNotATokenBelowAny: the same with a value that etcd's
+// compare orders below every token ("" and "!" sort before "0"), which the
+// advance's compare alone would take for a lower floor and overwrite:
+// Commit reads the floor after its guard fails and stops there, and the
+// key keeps its value.
+func TestFenceFloorNotATokenBelowAny(t *testing.T) {
+	f := newFixture(t)
+	fe := f.newFence(t)
+	for _, garbage := range []string{"", "!"} {
+		f.putFloor(t, "garbled-low", garbage)
+		c := leasecore.Claim{Scope: "garbled-low", Writer: "holder-a", Token: 5}
+		res, resp, err := fe.Commit(context.Background(), c, f.putOwn("run=A"))
+		if !errors.Is(err, leasecore.ErrConfig) || !strings.Contains(err.Error(), "/floor/garbled-low") || resp != nil {
+			t.Fatalf("floor %q: commit: %+v, %v, %v; want an error wrapping ErrConfig naming the key", garbage, res, resp, err)
+		}
+		if got := f.ownKeys(t); got != "" {
+			t.Errorf("floor %q: the caller's keys: %s, want none", garbage, got)
+		}
+		got, err := f.cli.Get(context.Background(), f.prefix+"/floor/garbled-low")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Kvs) != 1 || string(got.Kvs[0].Value) != garbage {
+			t.Errorf("floor %q after the commit: %v, want it unchanged", garbage, got.Kvs)
+		}
+	}
+}
+
 // TestFenceSealedFloorWithoutRecord: a floor key set to the sealed floor by
 // hand, with no seal record, rejects every claim (the safe side) and says
 // so with an error wrapping leasecore.ErrConfig, not a

@@ -237,10 +237,10 @@ func TestRoundTrips(t *testing.T) {
 
 	// The fence, with the default attempt log (rejections only). A write
 	// whose token equals the floor is one Txn; the first write of a token
-	// fails the guard, advances the floor and sends the guarded Txn again.
-	// A rejection fails the guard and then the advance, whose compare
-	// reads the floor: the guarded Txn has no Else branch to read it, which
-	// every accepted write would carry.
+	// fails the guard, reads the floor, advances it and sends the guarded
+	// Txn again. A failed guard reads the floor in a Range of its own: the
+	// guarded Txn has no Else branch to read it, which every accepted
+	// write would carry.
 	write := func(scope string, token leasecore.Token, wantAccepted bool) func() error {
 		return func() error {
 			r, err := res.Write(ctx, leasecore.Write{Scope: scope, Part: "p", Content: "x", Writer: "holder-a", Token: token})
@@ -250,10 +250,10 @@ func TestRoundTrips(t *testing.T) {
 			return err
 		}
 	}
-	step("Resource.Write, first of a scope (advances the floor)", "Txn Txn Txn", write("s", g0.Token, true))
+	step("Resource.Write, first of a scope (advances the floor)", "Txn Range Txn Txn", write("s", g0.Token, true))
 	step("Resource.Write, floor == token", "Txn", write("s", g0.Token, true))
-	step("Resource.Write, new token (advances the floor)", "Txn Txn Txn", write("s", g0.Token+1, true))
-	step("Resource.Write, rejected (logs the rejection after)", "Txn Txn Put", write("s", g0.Token, false))
+	step("Resource.Write, new token (advances the floor)", "Txn Range Txn Txn", write("s", g0.Token+1, true))
+	step("Resource.Write, rejected (logs the rejection after)", "Txn Range Put", write("s", g0.Token, false))
 	batch := leasecore.Batch{Scope: "s", Writer: "holder-a", Token: g0.Token + 1}
 	for i := range backendkit.MaxBatchParts {
 		batch.Parts = append(batch.Parts, leasecore.PartContent{Part: fmt.Sprintf("part-%02d", i), Content: "x"})
@@ -294,8 +294,8 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	step("Fence.Commit after Advance (floor == token)", "Txn", commit(fence, newer, true))
-	step("Fence.Commit, rejected (logs the rejection after)", "Txn Txn Put", commit(fence, older, false))
-	step("Fence.Commit, rejected, LogNone", "Txn Txn", commit(quiet, older, false))
+	step("Fence.Commit, rejected (logs the rejection after)", "Txn Range Put", commit(fence, older, false))
+	step("Fence.Commit, rejected, LogNone", "Txn Range", commit(quiet, older, false))
 	step("Fence.Advance, rejected (logs the rejection after)", "Txn Put", func() error {
 		r, err := fence.Advance(ctx, older)
 		if err == nil && r.Accepted {
@@ -303,7 +303,7 @@ func TestRoundTrips(t *testing.T) {
 		}
 		return err
 	})
-	step("Fence.Commit, first of a scope", "Txn Txn Txn", commit(fence, leasecore.Claim{Scope: "job-2", Writer: "holder-b", Token: newer.Token}, true))
+	step("Fence.Commit, first of a scope", "Txn Range Txn Txn", commit(fence, leasecore.Claim{Scope: "job-2", Writer: "holder-b", Token: newer.Token}, true))
 	// Claims that name their token space: the accepted path is what it
 	// was (the space rides in the advance's Txn), and only a rejection
 	// reads the floor and its space, one Txn more.
@@ -316,9 +316,9 @@ func TestRoundTrips(t *testing.T) {
 		return err
 	})
 	step("Fence.Commit, claim with a space, floor == token", "Txn", commit(fence, spaced, true))
-	step("Fence.Commit, claim with a space, rejected (log, then the floor's space)", "Txn Txn Put Txn",
+	step("Fence.Commit, claim with a space, rejected (log, then the floor's space)", "Txn Range Put Txn",
 		commit(fence, leasecore.Claim{Scope: "job-3", Writer: "holder-a", Token: older.Token, Space: "test:a"}, false))
-	step("Fence.Commit, claim of another space, rejected (log, then the floor's space)", "Txn Txn Put Txn", func() error {
+	step("Fence.Commit, claim of another space, rejected (log, then the floor's space)", "Txn Range Put Txn", func() error {
 		r, _, err := fence.Commit(ctx, leasecore.Claim{Scope: "job-3", Writer: "holder-c", Token: older.Token, Space: "test:b"}, own)
 		if !errors.Is(err, leasecore.ErrTokenSpace) || r.Accepted {
 			return fmt.Errorf("%+v, %v; want a rejection with ErrTokenSpace", r, err)
