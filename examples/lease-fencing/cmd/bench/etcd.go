@@ -111,8 +111,9 @@ func (e *etcdEnv) etcdVariants(ctx context.Context) ([]variant, error) {
 	// etcd_limit, the cheapest the fenced write could be: its Put of the
 	// same record under one compare of a key's value, the kind of compare
 	// the fence's guard is (Value(floor) == token), on a key of the
-	// bench's own that holds the same encoded token; no Else(Get floor)
-	// branch, no record built per call. Its part key is as long as the
+	// bench's own that holds the same encoded token; no record built per
+	// call (the fenced write, like it, carries no Else branch since its
+	// failed guard reads the floor on its own). Its part key is as long as the
 	// fenced write's. (The same shape as etcd_guarded_txn, whose compare
 	// is the fence's own Guard.)
 	guard := fence.Guard(guarded)
