@@ -363,7 +363,7 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		// been advanced, by this read at the latest: a rejection, with
 		// that floor. A floor that is no token (written outside the fence)
 		// is an error here, before an advance could overwrite it.
-		floor, err := f.floor(ctx, op, floorKey)
+		floor, err := etcdkv.ReadFloor(ctx, f.kv, pkg, op, floorKey)
 		if err != nil {
 			return leasecore.Result{}, nil, err
 		}
@@ -389,19 +389,6 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 			return res, nil, err
 		}
 	}
-}
-
-// floor reads the floor at key (0 when there is none).
-func (f *Fence) floor(ctx context.Context, op, key string) (leasecore.Token, error) {
-	resp, err := f.kv.Get(ctx, key)
-	if err != nil {
-		return 0, etcdkv.MapError(ctx, pkg, op, err)
-	}
-	floor, err := etcdkv.FloorOf(resp.Kvs)
-	if err != nil {
-		return 0, fmt.Errorf("%s: %s: %w", pkg, op, err)
-	}
-	return floor, nil
 }
 
 // advance raises the floor of c.Scope to c.Token unless it is larger, in

@@ -35,6 +35,15 @@ func acquireQueued(ctx context.Context, s *fenceetcd.LeaseStore, name, holder st
 	return q
 }
 
+// joinLine starts holder's AcquireQueued of name through s, as
+// acquireQueued, and returns once the line holds it alone.
+func (f *fixture) joinLine(ctx context.Context, t *testing.T, s *fenceetcd.LeaseStore, name, holder string, ttl time.Duration) *queued {
+	t.Helper()
+	q := acquireQueued(ctx, s, name, holder, ttl)
+	f.waitLine(t, name, holder)
+	return q
+}
+
 // result waits for the call's result.
 func (q *queued) result(t *testing.T) (leasecore.Grant, error) {
 	t.Helper()
@@ -245,8 +254,7 @@ func TestReleaseAfterRenewHandsOverInOneWrite(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q := acquireQueued(ctx, store(nil), "job", "holder-b", time.Minute)
-		f.waitLine(t, "job", "holder-b")
+		q := f.joinLine(ctx, t, store(nil), "job", "holder-b", time.Minute)
 		if ga, err = a.Renew(ctx, ga); err != nil {
 			t.Fatal(err)
 		}
@@ -310,8 +318,7 @@ func TestAcquireQueuedAfterExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		q := acquireQueued(ctx, b, "job", "holder-b", time.Minute)
-		f.waitLine(t, "job", "holder-b")
+		q := f.joinLine(ctx, t, b, "job", "holder-b", time.Minute)
 		gb := q.handedOver(t, "holder-b", ga.Token)
 		_, err = a.Renew(ctx, ga)
 		backendtest.WantHold(t, err, leasecore.ErrLost, "renew",
@@ -332,8 +339,7 @@ func TestAcquireQueuedRejoins(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := acquireQueued(ctx, b, "job", "holder-b", 3*time.Second)
-	f.waitLine(t, "job", "holder-b")
+	q := f.joinLine(ctx, t, b, "job", "holder-b", 3*time.Second)
 	resp, err := f.cli.Get(ctx, f.layout(t).QueuePrefix("job"), clientv3.WithPrefix())
 	if err != nil || len(resp.Kvs) != 1 {
 		t.Fatalf("line: %v, %v", resp, err)
@@ -378,8 +384,7 @@ func TestReleaseWithTheKnownWaiterGone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qb := acquireQueued(ctx, b, "job", "holder-b", time.Minute)
-		f.waitLine(t, "job", "holder-b")
+		qb := f.joinLine(ctx, t, b, "job", "holder-b", time.Minute)
 		cctx, cancel := context.WithCancel(ctx)
 		qc := acquireQueued(cctx, c, "job", "holder-c", time.Minute)
 		f.waitLine(t, "job", "holder-b", "holder-c")
@@ -477,8 +482,7 @@ func TestWaitFreeSeesAHandOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := acquireQueued(ctx, b, "job", "holder-b", time.Minute)
-	f.waitLine(t, "job", "holder-b")
+	q := f.joinLine(ctx, t, b, "job", "holder-b", time.Minute)
 
 	octx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -536,8 +540,7 @@ func TestAcquireQueuedAcrossItsChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	const ttl = 2 * time.Second // a check every 2-2.5 s, a keep-alive every 667 ms
-	q := acquireQueued(ctx, b, "job", "holder-b", ttl)
-	f.waitLine(t, "job", "holder-b")
+	q := f.joinLine(ctx, t, b, "job", "holder-b", ttl)
 	time.Sleep(2*ttl + time.Second)
 	q.pending(t, "after two checks")
 	f.waitLine(t, "job", "holder-b")
@@ -561,8 +564,7 @@ func TestReleaseReadFailsWithAWaiter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := acquireQueued(ctx, f.leases, "job", "holder-b", time.Minute)
-	f.waitLine(t, "job", "holder-b")
+	q := f.joinLine(ctx, t, f.leases, "job", "holder-b", time.Minute)
 	failRead.Store(true)
 	err = a.Release(ctx, ga)
 	failRead.Store(false)

@@ -28,13 +28,20 @@ func (r Reader) Floor(ctx context.Context, scope string) (leasecore.Token, error
 	if err := CheckRead(ctx, op, scope); err != nil {
 		return 0, err
 	}
-	resp, err := r.KV.Get(ctx, r.Layout.Floor(scope))
+	return ReadFloor(ctx, r.KV, r.Pkg, op, r.Layout.Floor(scope))
+}
+
+// ReadFloor reads the floor at key with one Get, for op of package pkg: 0
+// when there is none; a value that is not a token is an error wrapping
+// leasecore.ErrConfig (FloorOf).
+func ReadFloor(ctx context.Context, kv clientv3.KV, pkg, op, key string) (leasecore.Token, error) {
+	resp, err := kv.Get(ctx, key)
 	if err != nil {
-		return 0, MapError(ctx, r.Pkg, op, err)
+		return 0, MapError(ctx, pkg, op, err)
 	}
 	floor, err := FloorOf(resp.Kvs)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %s: %w", r.Pkg, op, err)
+		return 0, fmt.Errorf("%s: %s: %w", pkg, op, err)
 	}
 	return floor, nil
 }
