@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -19,6 +20,8 @@ func TestMain(m *testing.M) {
 		os.Exit(etcdtemp.Serve())
 	case os.Getenv(workerEnv) != "":
 		os.Exit(holdersMain())
+	case os.Getenv(slowDiskEnv) != "":
+		os.Exit(slowDiskMain())
 	}
 	os.Exit(m.Run())
 }
@@ -94,5 +97,47 @@ func TestConfigCheck(t *testing.T) {
 	full.holders, full.names, full.duration = 10000, 100, time.Minute
 	if !full.fullScale() {
 		t.Error("10,000 × 100 for 60 s is not full scale")
+	}
+}
+
+// TestSlowDisk: -slow-disk's process mounts a directory whose flushes wait
+// the delay, and stop unmounts it and removes its directories.
+func TestSlowDisk(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a FUSE file system needs root")
+	}
+	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
+		t.Skip(err)
+	} else {
+		f.Close()
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const delay = 20 * time.Millisecond
+	d, err := startSlowDisk(t.Context(), exe, []string{"-test.run=^$"}, delay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(d.mount, "wal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(began); took < delay {
+		t.Errorf("fsync on the slow disk took %v, want at least %v", took, delay)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Dir(d.mount)); !os.IsNotExist(err) {
+		t.Errorf("after stop, %s: %v; want it removed", filepath.Dir(d.mount), err)
 	}
 }

@@ -51,10 +51,19 @@
 // its losses are printed, as MISSED_LOCAL_DEADLINES_PER_LEASE too, but do
 // not fail the run.
 //
+// A slower disk: -slow-disk D puts every server's data directory (through
+// TMPDIR, which pgtemp and etcdtemp make their directories in) on a FUSE
+// passthrough to a directory on the machine's disk whose every fsync and
+// fdatasync returns D later (internal/slowdisk, mounted by a process of its
+// own; as root). Every flush still reaches the disk. With -out the report is
+// slow-disk.txt, not latest.txt.
+//
 //	capacity [-holders 10000] [-names 100] [-ttl 15s] [-duration 60s] [-procs 4]
 //	         [-conns 16] [-phases pg-per-lease,pg-sessions,etcd-1,etcd-3]
 //	         [-sat-clients 16] [-sat-time 5s] [-sat-rounds 3] [-setup-timeout 10m] [-out evidence/capacity]
+//	         [-slow-disk 2ms]
 //	capacity holders     (internal: a holder process)
+//	capacity slow-disk   (internal: mounts -slow-disk's FUSE passthrough)
 //	capacity etcd-server (internal: an etcd member, etcdtemp)
 package main
 
@@ -82,6 +91,8 @@ func main() {
 			os.Exit(etcdtemp.Serve())
 		case "holders":
 			os.Exit(holdersMain())
+		case slowDiskArg:
+			os.Exit(slowDiskMain())
 		}
 	}
 	var cfg config
@@ -96,7 +107,18 @@ func main() {
 	flag.IntVar(&cfg.satClients, "sat-clients", 16, "clients of the saturation measurements")
 	flag.DurationVar(&cfg.satTime, "sat-time", 5*time.Second, "time per saturation measurement")
 	flag.IntVar(&cfg.satRounds, "sat-rounds", 3, "rounds of the two saturation measurements (upserts, renewals), alternating")
-	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt; written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
+	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt (slow-disk.txt with -slow-disk); written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
+	flag.Func("slow-disk", "put the servers' data directories on a FUSE passthrough whose every fsync waits this much longer (e.g. 2ms; 0: the passthrough alone); needs root and /dev/fuse", func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		if d < 0 {
+			return fmt.Errorf("%v: must not be negative", d)
+		}
+		cfg.slowDisk = &d
+		return nil
+	})
 	flag.Parse()
 	cfg.phases = strings.Split(*phases, ",")
 	if err := cfg.check(); err != nil {

@@ -27,13 +27,18 @@ type config struct {
 	satClients, satRounds        int
 	satTime                      time.Duration
 	out                          string
-	stdout, progress             io.Writer
+	// slowDisk, when set, is the fsync delay of the slow disk the
+	// servers' data directories are put on (-slow-disk).
+	slowDisk         *time.Duration
+	stdout, progress io.Writer
 	// exe is the binary re-executed as holder processes and etcd members
 	// (default: this one); tests set it.
 	exe string
 	// holderArgs and etcdArgs are the arguments that make exe a holder
 	// process and an etcd member (default "holders" and "etcd-server").
 	holderArgs, etcdArgs []string
+	// slowDiskArgs make exe the slow-disk process (default "slow-disk").
+	slowDiskArgs []string
 }
 
 func (c *config) check() error {
@@ -126,6 +131,9 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	if cfg.holderArgs == nil {
 		cfg.holderArgs = []string{"holders"}
 	}
+	if cfg.slowDiskArgs == nil {
+		cfg.slowDiskArgs = []string{slowDiskArg}
+	}
 	var report bytes.Buffer
 	w := io.MultiWriter(cfg.stdout, &report)
 	say := func(format string, args ...any) { fmt.Fprintf(cfg.progress, "capacity: "+format+"\n", args...) }
@@ -144,6 +152,27 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	fmt.Fprintf(w, "# renewal_load = R×C upsert-equivalents/s; RATIO renewal_load/upsert_capacity = R×C/U = R/S\n")
 	fmt.Fprintf(w, "# valid: no phase lost a name (local deadline or server) or failed an acquire; pg-per-lease is the\n")
 	fmt.Fprintf(w, "# reference (today's design): its losses are reported (MISSED_LOCAL_DEADLINES_PER_LEASE) but do not fail the run\n")
+	if cfg.slowDisk != nil {
+		fmt.Fprintf(w, "# A SLOWER DISK: every server's data directory on a FUSE passthrough (internal/slowdisk) to the machine's disk\n")
+		fmt.Fprintf(w, "# whose every fsync and fdatasync returns %v later than the disk's own (each flush still reaches the disk)\n", *cfg.slowDisk)
+		disk, err := startSlowDisk(ctx, cfg.exe, cfg.slowDiskArgs, *cfg.slowDisk)
+		if err != nil {
+			return runResult{}, err
+		}
+		say("slow disk mounted at %s (fsync +%v); the servers' data go there", disk.mount, *cfg.slowDisk)
+		tmp, had := os.LookupEnv("TMPDIR")
+		os.Setenv("TMPDIR", disk.mount)
+		defer func() {
+			if had {
+				os.Setenv("TMPDIR", tmp)
+			} else {
+				os.Unsetenv("TMPDIR")
+			}
+			if err := disk.stop(); err != nil {
+				say("%v", err)
+			}
+		}()
+	}
 	if !cfg.fullScale() {
 		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of a full-scale run\n")
 	}
@@ -199,12 +228,16 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	fmt.Fprintf(w, "# run: %s; wall time %.0f s\n", valid, time.Since(began).Seconds())
 	if cfg.out != "" {
 		if !cfg.fullScale() {
-			say("reduced scale: %s/latest.txt not written", cfg.out)
+			say("reduced scale: no report written to %s", cfg.out)
 		} else {
 			if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 				return res, err
 			}
-			path := filepath.Join(cfg.out, "latest.txt")
+			name := "latest.txt"
+			if cfg.slowDisk != nil {
+				name = "slow-disk.txt"
+			}
+			path := filepath.Join(cfg.out, name)
 			if err := os.WriteFile(path, report.Bytes(), 0o644); err != nil {
 				return res, err
 			}
