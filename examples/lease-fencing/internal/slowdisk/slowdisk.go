@@ -140,15 +140,14 @@ var _ fs.FileFsyncer = (*file)(nil)
 // Fsync waits the delay, then flushes for real. The loopback file answers
 // an fdatasync with an fsync too: a little more work on the disk
 // underneath, never less.
+//
+// The wait ignores the request's context, which go-fuse cancels when the
+// caller is interrupted by a signal: a disk's flush is not interruptible
+// (the caller waits in uninterruptible sleep), and an fsync failing with
+// EINTR is not something a database may survive: PostgreSQL PANICs on
+// any fsync error, and did here when this returned EINTR to a backend
+// that received one of the signals its latches use.
 func (f *file) Fsync(ctx context.Context, flags uint32) syscall.Errno {
-	if f.delay > 0 {
-		t := time.NewTimer(f.delay)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return syscall.EINTR
-		}
-	}
+	time.Sleep(f.delay)
 	return f.LoopbackFile.Fsync(ctx, flags)
 }

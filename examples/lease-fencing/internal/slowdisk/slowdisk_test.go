@@ -6,6 +6,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -91,5 +93,48 @@ func TestNoDelay(t *testing.T) {
 func TestBadInput(t *testing.T) {
 	if _, err := Mount(t.TempDir(), t.TempDir(), -time.Millisecond); err == nil {
 		t.Error("a negative delay mounted")
+	}
+}
+
+// TestFsyncNotInterrupted: a signal to the thread waiting in fsync (the
+// kernel then sends FUSE an interrupt, and go-fuse cancels the request's
+// context) does not fail the flush. PostgreSQL PANICs on an fsync that
+// fails with EINTR, as a disk's never does.
+func TestFsyncNotInterrupted(t *testing.T) {
+	const delay = 300 * time.Millisecond
+	d, _ := mount(t, delay)
+	f, err := os.Create(filepath.Join(d.Dir(), "wal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tid := make(chan int, 1)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		tid <- syscall.Gettid()
+		// syscall.Fsync, not f.Sync: f.Sync retries on EINTR.
+		errc <- syscall.Fsync(int(f.Fd()))
+	}()
+	thread := <-tid
+	signals := 0
+	for {
+		select {
+		case err := <-errc:
+			if signals == 0 {
+				t.Fatal("the flush ended before a signal was sent")
+			}
+			if err != nil {
+				t.Fatalf("fsync with %d signals to its thread: %v", signals, err)
+			}
+			return
+		case <-time.After(20 * time.Millisecond):
+			// SIGURG: the Go runtime's own preemption signal, harmless.
+			if err := syscall.Tgkill(os.Getpid(), thread, syscall.SIGURG); err != nil {
+				t.Fatal(err)
+			}
+			signals++
+		}
 	}
 }
