@@ -141,3 +141,22 @@ func TestSlowDisk(t *testing.T) {
 		t.Errorf("after stop, %s: %v; want it removed", filepath.Dir(d.mount), err)
 	}
 }
+
+func TestReportName(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct {
+		slow    *time.Duration
+		clients int
+		want    string
+	}{
+		{nil, 16, "latest.txt"},
+		{&ms, 16, "slow-disk.txt"},
+		{nil, 64, "latest-64-clients.txt"},
+		{&ms, 64, "slow-disk-64-clients.txt"},
+	} {
+		cfg := config{slowDisk: c.slow, satClients: c.clients}
+		if got := cfg.reportName(); got != c.want {
+			t.Errorf("slow disk %v, %d clients: %s, want %s", c.slow != nil, c.clients, got, c.want)
+		}
+	}
+}

@@ -104,10 +104,10 @@ func main() {
 	flag.IntVar(&cfg.procs, "procs", 4, "holder processes")
 	flag.IntVar(&cfg.conns, "conns", 16, "connections per holder process (PostgreSQL: pool size; etcd: one client each)")
 	phases := flag.String("phases", strings.Join(allPhases, ","), "phases to run, comma-separated, in this order")
-	flag.IntVar(&cfg.satClients, "sat-clients", 16, "clients of the saturation measurements")
+	flag.IntVar(&cfg.satClients, "sat-clients", defaultSatClients, "clients of the saturation measurements (with -out, a count other than 16 names the report: latest-64-clients.txt)")
 	flag.DurationVar(&cfg.satTime, "sat-time", 5*time.Second, "time per saturation measurement")
 	flag.IntVar(&cfg.satRounds, "sat-rounds", 3, "rounds of the two saturation measurements (upserts, renewals), alternating")
-	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt (slow-disk.txt with -slow-disk); written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
+	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt (slow-disk.txt with -slow-disk, see -sat-clients); written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
 	flag.Func("slow-disk", "put the servers' data directories on a FUSE passthrough whose every fsync waits this much longer (e.g. 2ms; 0: the passthrough alone); needs root and /dev/fuse", func(v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {

@@ -117,6 +117,25 @@ func (r runResult) valid() bool {
 	return true
 }
 
+// defaultSatClients is -sat-clients' default, the client count of
+// latest.txt.
+const defaultSatClients = 16
+
+// reportName is the file a full-scale run writes its report to in -out:
+// latest.txt, slow-disk.txt with -slow-disk, and either with -sat-clients
+// N other than the default named for it (slow-disk-64-clients.txt), so
+// runs that measure saturation differently never overwrite each other.
+func (c *config) reportName() string {
+	name := "latest"
+	if c.slowDisk != nil {
+		name = "slow-disk"
+	}
+	if c.satClients != defaultSatClients {
+		name += fmt.Sprintf("-%d-clients", c.satClients)
+	}
+	return name + ".txt"
+}
+
 func run(ctx context.Context, cfg config) (runResult, error) {
 	if cfg.exe == "" {
 		exe, err := os.Executable()
@@ -233,11 +252,7 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 			if err := os.MkdirAll(cfg.out, 0o755); err != nil {
 				return res, err
 			}
-			name := "latest.txt"
-			if cfg.slowDisk != nil {
-				name = "slow-disk.txt"
-			}
-			path := filepath.Join(cfg.out, name)
+			path := filepath.Join(cfg.out, cfg.reportName())
 			if err := os.WriteFile(path, report.Bytes(), 0o644); err != nil {
 				return res, err
 			}
