@@ -53,6 +53,8 @@ func TestBenchRuns(t *testing.T) {
 		"RATIO user_tx_fenced/user_tx_fenced_no_idle ",
 		"RATIO user_tx_fenced_no_idle/user_tx_limit ",
 		"RATIO pipeline_fenced/pipeline_limit ",
+		"RATIO pipeline_limit_guard/pipeline_limit ",
+		"RATIO pipeline_fenced/pipeline_limit_guard ",
 		"RATIO fenced_8_scopes_8_clients/limit_8_scopes_8_clients ",
 		"RATIO etcd_fenced_write/etcd_limit ",
 		"RATIO etcd_acquire_release/etcd_acquire_release_limit ",
@@ -100,7 +102,7 @@ func TestBenchRuns(t *testing.T) {
 	// Every limit variant has a row in the table (name, median, min, max,
 	// runs, allocs, bytes), measured in the one round: once per ratio it
 	// is in (user_tx_limit: RunTx with and without its idle timeout).
-	for name, runs := range map[string]string{"fenced_write_limit": "1", "user_tx_limit": "2", "pipeline_limit": "1",
+	for name, runs := range map[string]string{"fenced_write_limit": "1", "user_tx_limit": "2", "pipeline_limit": "2", "pipeline_limit_guard": "2",
 		"limit_8_scopes_8_clients": "1", "etcd_limit": "1", "etcd_acquire_release_limit": "1"} {
 		found := false
 		for line := range strings.Lines(out.String()) {
@@ -118,7 +120,9 @@ func TestBenchRuns(t *testing.T) {
 // over its limit variant, the 8-client one too (time per write, not
 // throughput), and every limit variant is in exactly one ratio, so it is
 // measured in the rounds of its fenced variant only — user_tx_limit in two,
-// RunTx's with and without its idle timeout, both fenced variants over it.
+// RunTx's with and without its idle timeout, both fenced variants over it;
+// pipeline_limit in two, under the fenced pipeline and under the limit
+// that can abort it (pipeline_limit_guard).
 func TestLimitRatios(t *testing.T) {
 	want := map[string]string{
 		"fenced_write":              "fenced_write_limit",
@@ -142,7 +146,7 @@ func TestLimitRatios(t *testing.T) {
 	for num, den := range want {
 		t.Errorf("no ratio %s/%s with %s as num", num, den, num)
 	}
-	for den, n := range map[string]int{"fenced_write_limit": 1, "user_tx_limit": 2, "pipeline_limit": 1, "limit_8_scopes_8_clients": 1, "etcd_limit": 1,
+	for den, n := range map[string]int{"fenced_write_limit": 1, "user_tx_limit": 2, "pipeline_limit": 2, "limit_8_scopes_8_clients": 1, "etcd_limit": 1,
 		"etcd_acquire_release_limit": 1} {
 		if uses[den] != n {
 			t.Errorf("%s is in %d ratios, want %d", den, uses[den], n)

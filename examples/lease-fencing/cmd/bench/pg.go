@@ -76,6 +76,26 @@ const limitTable = `CREATE TABLE public.limit_floor (
 // otherwise), so the lock is really taken.
 const limitRead = `SELECT max_token FROM public.limit_floor WHERE scope = $1 FOR SHARE`
 
+// limitAbortFunc raises an error: limitGuard's way of aborting its
+// pipeline. A PL/pgSQL function, as fence_reject is, because PostgreSQL
+// may evaluate an expression that raises by itself (1/0, a failing cast of
+// a parameter) while planning, whichever CASE branch runs.
+const limitAbortFunc = `CREATE FUNCTION public.limit_abort(scope text) RETURNS bigint LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'limit floor of scope % is not the token', scope;
+END $$`
+
+// limitGuard is limitRead with the one thing more a check at the head of
+// a pipeline needs (fencepg.Fence.SendBatch): it aborts the pipeline, by
+// raising, when the floor row is missing or differs from the token $2, so
+// that the write queued behind it does not run; a statement that returns
+// no row or the wrong floor would leave the write to commit. It is the
+// fence's FenceGuardOrRaise without its durability setting check and with
+// a raise of the bench's own.
+const limitGuard = `SELECT CASE WHEN f.max_token = $2::bigint THEN f.max_token ELSE public.limit_abort($1::text) END
+  FROM (SELECT 1) AS one LEFT JOIN LATERAL (
+    SELECT max_token FROM public.limit_floor WHERE scope = $1::text FOR SHARE) AS f ON true`
+
 // pgEnv is a throwaway cluster with a lease database and a report
 // database, and pools on both.
 type pgEnv struct {
@@ -164,7 +184,7 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	if err := e.res.Migrate(ctx); err != nil {
 		return nil, err
 	}
-	for _, ddl := range []string{userTable, limitTable} {
+	for _, ddl := range []string{userTable, limitTable, limitAbortFunc} {
 		if _, err := e.resPool.Exec(ctx, ddl); err != nil {
 			return nil, err
 		}
@@ -173,7 +193,7 @@ func startPG(ctx context.Context, say func(string, ...any)) (_ *pgEnv, err error
 	// one per goroutine of limit_8_scopes_8_clients (parallelN starts a
 	// multiple of GOMAXPROCS of them, fewer than clients + GOMAXPROCS).
 	if _, err := e.resPool.Exec(ctx, `INSERT INTO public.limit_floor (scope, max_token)
-		SELECT s, 1 FROM unnest(ARRAY['bench-limit-write', 'bench-limit-tx', 'bench-limit-pipeline']) s
+		SELECT s, 1 FROM unnest(ARRAY['bench-limit-write', 'bench-limit-tx', 'bench-limit-pipeline', 'bench-limit-guard']) s
 		UNION ALL SELECT 'bench-limit-scope-' || g, 1 FROM generate_series(1, $1::int) g`,
 		clients+runtime.GOMAXPROCS(0)); err != nil {
 		return nil, err
@@ -300,6 +320,16 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		// check goes: one round trip, one implicit transaction.
 		{name: "pipeline_limit", perOp: 1, op: func() error {
 			return limitPipeline(ctx, e.resPool, "bench-limit-pipeline", "summary")
+		}},
+		// pipeline_limit_guard is pipeline_limit with limitGuard where
+		// limitRead was: the least a check that can abort the pipeline
+		// costs.
+		{name: "pipeline_limit_guard", perOp: 1, op: func() error {
+			b := &pgx.Batch{}
+			var floor int64
+			b.Queue(limitGuard, "bench-limit-guard", int64(1)).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+			b.Queue(plainUpsert, "bench-limit-guard", "summary", content, "holder-a", 1)
+			return e.resPool.SendBatch(ctx, b).Close()
 		}},
 		{name: "fenced_write", perOp: 1, op: func() error {
 			return mustAccept(e.res.Write(ctx, fenced))

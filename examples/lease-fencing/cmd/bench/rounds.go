@@ -83,6 +83,11 @@ var ratios = []ratio{
 	// caller whose role or database sets the idle timeout already.
 	{name: "user_tx_fenced_no_idle/user_tx_limit", num: "user_tx_fenced_no_idle", den: "user_tx_limit"},
 	{name: "pipeline_fenced/pipeline_limit", num: "pipeline_fenced", den: "pipeline_limit"},
+	// What aborting costs: the pipeline's check must raise to stop the
+	// write behind it, which a plain read cannot (see limitGuard); and the
+	// fence against that aborting limit.
+	{name: "pipeline_limit_guard/pipeline_limit", num: "pipeline_limit_guard", den: "pipeline_limit"},
+	{name: "pipeline_fenced/pipeline_limit_guard", num: "pipeline_fenced", den: "pipeline_limit_guard"},
 	{name: "fenced_8_scopes_8_clients/limit_8_scopes_8_clients", num: "fenced_8_scopes_8_clients", den: "limit_8_scopes_8_clients"},
 	{name: "etcd_fenced_write/etcd_limit", num: "etcd_fenced_write", den: "etcd_limit"},
 	{name: "etcd_acquire_release/etcd_acquire_release_limit", num: "etcd_acquire_release", den: "etcd_acquire_release_limit"},
