@@ -1048,11 +1048,14 @@ func (b backdated) Acquire(ctx context.Context, name, holder string, ttl time.Du
 func TestSessionHonoursBackdatedGrant(t *testing.T) {
 	before := time.Now()
 	s, err := leasecore.NewSession(context.Background(), backdated{memfence.NewLeases(nil)}, "report-job", "holder-a",
-		leasecore.WithTTL(10*time.Second), leasecore.WithMargin(time.Second), leasecore.WithRenewInterval(2*time.Second))
+		leasecore.WithTTL(10*time.Second), leasecore.WithMargin(time.Second), leasecore.WithRenewInterval(4*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close(context.Background())
+	// The first renewal is due one interval after the grant's start, 1 s
+	// from now (with an interval under 3 s it would be due at once, and
+	// its grant, not backdated, could move the deadline before the read).
 	// Without the backdating the deadline would be before+9s.
 	if d := s.Deadline().Sub(before); d > 6*time.Second+100*time.Millisecond || d < 5*time.Second {
 		t.Errorf("deadline %v after the call, want about 6s (10s ttl - 1s margin - 3s backdated)", d)
