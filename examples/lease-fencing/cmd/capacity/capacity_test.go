@@ -160,3 +160,20 @@ func TestReportName(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowDiskProcessFails: a mounting process that ends without mounting
+// is an error, and its directories are gone.
+func TestSlowDiskProcessFails(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	d, err := startSlowDisk(t.Context(), "/bin/false", nil, time.Millisecond)
+	if err == nil {
+		d.stop()
+		t.Fatal("a process that mounted nothing: no error")
+	}
+	if !strings.Contains(err.Error(), "ended before it mounted") {
+		t.Errorf("error %q, want it to say the process ended before it mounted", err)
+	}
+	if left, _ := os.ReadDir(os.TempDir()); len(left) != 0 {
+		t.Errorf("left behind in TMPDIR: %v", left)
+	}
+}

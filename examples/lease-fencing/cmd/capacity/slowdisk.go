@@ -87,10 +87,14 @@ func startSlowDisk(ctx context.Context, exe string, args []string, delay time.Du
 	}()
 	select {
 	case l := <-line:
-		if l == slowDiskMounted {
+		switch l {
+		case slowDiskMounted:
 			return d, nil
+		case "":
+			err = errors.New("slow disk: the mounting process ended before it mounted (its error is above)")
+		default:
+			err = fmt.Errorf("slow disk: the mounting process said %q", l)
 		}
-		err = fmt.Errorf("slow disk: the mounting process said %q", l)
 	case <-ctx.Done():
 		err = ctx.Err()
 	}

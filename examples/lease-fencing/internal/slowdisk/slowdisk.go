@@ -39,7 +39,6 @@ var ErrUnavailable = errors.New("slowdisk: FUSE mount unavailable")
 type Disk struct {
 	server *fuse.Server
 	dir    string
-	delay  time.Duration
 }
 
 // Mount mounts at dir a passthrough to backing whose every fsync and
@@ -54,11 +53,11 @@ func Mount(dir, backing string, delay time.Duration) (*Disk, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: mounting needs root", ErrUnavailable)
 	}
-	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
-	} else {
-		f.Close()
 	}
+	f.Close()
 	var st syscall.Stat_t
 	if err := syscall.Stat(backing, &st); err != nil {
 		return nil, fmt.Errorf("slowdisk: backing directory: %w", err)
@@ -82,14 +81,11 @@ func Mount(dir, backing string, delay time.Duration) (*Disk, error) {
 	if err != nil {
 		return nil, fmt.Errorf("slowdisk: mount %s: %w", dir, err)
 	}
-	return &Disk{server: server, dir: dir, delay: delay}, nil
+	return &Disk{server: server, dir: dir}, nil
 }
 
 // Dir is the mounted directory.
 func (d *Disk) Dir() string { return d.dir }
-
-// Delay is what every fsync and fdatasync waits on top of the real flush.
-func (d *Disk) Delay() time.Duration { return d.delay }
 
 // Unmount unmounts the directory; the files stay in the backing one. It
 // fails while a process still has a file open there.
