@@ -81,6 +81,7 @@ type LeaseStore struct {
 
 	mu       sync.Mutex
 	closed   bool                       // Close was called
+	closing  chan struct{}              // closed by Close: ends the waits in progress
 	pool     map[sharedKey]*sharedLease // shared mode: the etcd lease of each (holder, ttl)
 	cleanups cleanups                   // best-effort clean-ups still running (see cleanUp)
 	// heads is, per lease key, who waited first in line when the store's
@@ -118,7 +119,8 @@ func NewLeaseStore(cli *clientv3.Client, opts ...Option) (*LeaseStore, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), gens: genReader{kv: cli.KV}, watcher: cli.Watcher, layout: l, shared: o.SharedLeases}
+	s := &LeaseStore{kv: cli.KV, leases: cli.Lease, ka: newKeepAliver(cli), gens: genReader{kv: cli.KV}, watcher: cli.Watcher, layout: l, shared: o.SharedLeases,
+		closing: make(chan struct{})}
 	if ownKV(cli) {
 		// Reads on a connection of the store's own reach the same keys
 		// only when cli.KV is the client's own KV, not a wrapper (such as

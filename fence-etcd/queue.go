@@ -56,9 +56,9 @@ import (
 // Errors are Acquire's (the refusal aside: AcquireQueued does not return
 // leasecore.ErrHeld), and leasecore.ErrUnavailable when the watch or the
 // keep-alives of the waiter's etcd lease fail (the member has no leader,
-// the connection broke, the client closed); it has left the line then. Close does not end a
-// wait in progress (in shared mode it ends the waiter's etcd lease, and the
-// waiter then fails with ErrStoreClosed as it joins again): end its ctx.
+// the connection broke, the client closed); it has left the line then.
+// Close ends a wait in progress: AcquireQueued leaves the line (with its
+// ctx, as above) and returns an error wrapping ErrStoreClosed.
 // A holder must not call Acquire for a name it waits in line for through
 // the same store.
 func (s *LeaseStore) AcquireQueued(ctx context.Context, name, holder string, ttl time.Duration) (leasecore.Grant, error) {
@@ -247,6 +247,8 @@ func (w *waiter) watch(ctx context.Context, keyCh, lineCh clientv3.WatchChan, re
 		select {
 		case <-ctx.Done():
 			return g, false, false, fmt.Errorf("%s: %s %q: %w", pkg, opQueued, w.name, ctxError(ctx))
+		case <-w.s.closing:
+			return g, false, false, fmt.Errorf("%s: %s %q: %w", pkg, opQueued, w.name, ErrStoreClosed)
 		case <-refresh.C:
 			refresh.Reset(w.ttl / 3)
 			if again, err := w.keepAlive(ctx); err != nil || again {

@@ -553,6 +553,9 @@ const closeParallel = 16
 // goroutine of the store outlives Close, and Close still returns within
 // about 2 seconds.
 //
+// Close ends the waits in progress: an AcquireQueued leaves the line and
+// returns an error wrapping ErrStoreClosed, as does a WaitFree.
+//
 // After Close, Acquire fails with an error wrapping ErrStoreClosed; Renew,
 // RenewAll, Release and Inspect keep working (in shared mode they find the
 // revoked names gone). An Acquire running concurrently with Close may return
@@ -565,6 +568,9 @@ func (s *LeaseStore) Close() error {
 		return nil
 	}
 	s.closed = true
+	if s.closing != nil {
+		close(s.closing) // ends AcquireQueued's and WaitFree's waits
+	}
 	var ids []clientv3.LeaseID
 	for _, sl := range s.pool {
 		if sl.id != 0 {

@@ -42,7 +42,8 @@ const waitSpread = 500 * time.Millisecond
 // Errors: a *leasecore.ArgError for an invalid name; ctx's error when ctx
 // ends; leasecore.ErrUnavailable when the server cannot be read or the
 // member has no leader (the watch requires one); ErrStoreClosed after
-// Close. WaitFree reads only: it takes no lock and changes nothing.
+// Close, and when Close is called while it waits. WaitFree reads only: it
+// takes no lock and changes nothing.
 func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 	const op = "wait free"
 	if err := backendkit.CheckName(op, "name", name); err != nil {
@@ -90,11 +91,16 @@ func (s *LeaseStore) WaitFree(ctx context.Context, name string) error {
 			wresp clientv3.WatchResponse
 			open  bool
 		)
+		closed := false
 		select {
 		case wresp, open = <-ch:
 		case <-wctx.Done():
+		case <-s.closing:
+			closed = true
 		}
 		switch {
+		case closed:
+			return fmt.Errorf("%s: %s %q: %w", pkg, op, name, ErrStoreClosed)
 		case ctx.Err() != nil:
 			return fmt.Errorf("%s: %s %q: %w", pkg, op, name, ctxError(ctx))
 		case wctx.Err() != nil:

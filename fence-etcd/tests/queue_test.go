@@ -307,6 +307,40 @@ func TestAcquireQueuedLeavesOnCancel(t *testing.T) {
 	})
 }
 
+// TestAcquireQueuedEndsOnClose: Close of the waiter's store ends its wait
+// with ErrStoreClosed, and the waiter leaves the line, so the holder's
+// Release frees the lease instead of handing it to a store that is gone.
+// A WaitFree through that store ends the same way.
+func TestAcquireQueuedEndsOnClose(t *testing.T) {
+	forBothModes(t, func(t *testing.T, f *fixture, shared bool, store func(*clientv3.Client) *fenceetcd.LeaseStore) {
+		ctx := context.Background()
+		a, b := store(nil), store(nil)
+		ga, err := a.Acquire(ctx, "job", "holder-a", time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := f.joinLine(ctx, t, b, "job", "holder-b", time.Minute)
+		free := waitAsync(ctx, b, "job")
+		time.Sleep(100 * time.Millisecond) // let WaitFree reach its watch
+		q.pending(t, "before Close")
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.result(t); !errors.Is(err, fenceetcd.ErrStoreClosed) {
+			t.Fatalf("AcquireQueued after Close: %v; want ErrStoreClosed", err)
+		}
+		select {
+		case err := <-free:
+			if !errors.Is(err, fenceetcd.ErrStoreClosed) {
+				t.Fatalf("WaitFree after Close: %v; want ErrStoreClosed", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("WaitFree did not return within 10s of Close")
+		}
+		f.releaseFrees(t, a, ga)
+	})
+}
+
 // TestAcquireQueuedAfterExpiry: a holder that stops renewing loses the
 // lease at expiry, and the waiter, woken by the lessor's delete, gets it
 // with a larger token.
