@@ -34,7 +34,7 @@ bench: deps
 # PostgreSQL holder sessions, one etcd member and a 3-member etcd cluster, one after the other; prints
 # the RATIO lines and writes evidence/capacity/latest.txt (a full-scale run only). Not part of `make test`;
 # needs a quiet machine. CAPACITY_FLAGS="-holders 200 -duration 20s" runs it small; CAPACITY_FLAGS="-slow-disk 1ms"
-# puts the servers' data on a disk whose flushes take 1 ms longer (as root; evidence/capacity/slow-disk.txt).
+# puts the servers' data on a disk whose flushes take 1 ms longer (as root; evidence/capacity/slow-disk-1ms.txt).
 .PHONY: capacity
 capacity: deps
 	@cd examples/lease-fencing && go run ./cmd/capacity -out ../../evidence/capacity $(CAPACITY_FLAGS)

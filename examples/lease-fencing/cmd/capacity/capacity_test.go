@@ -143,16 +143,17 @@ func TestSlowDisk(t *testing.T) {
 }
 
 func TestReportName(t *testing.T) {
-	ms := time.Millisecond
+	ms, none := time.Millisecond, time.Duration(0)
 	for _, c := range []struct {
 		slow    *time.Duration
 		clients int
 		want    string
 	}{
 		{nil, 16, "latest.txt"},
-		{&ms, 16, "slow-disk.txt"},
+		{&ms, 16, "slow-disk-1ms.txt"},
+		{&none, 16, "slow-disk-0s.txt"},
 		{nil, 64, "latest-64-clients.txt"},
-		{&ms, 64, "slow-disk-64-clients.txt"},
+		{&ms, 64, "slow-disk-1ms-64-clients.txt"},
 	} {
 		cfg := config{slowDisk: c.slow, satClients: c.clients}
 		if got := cfg.reportName(); got != c.want {

@@ -56,7 +56,7 @@
 // passthrough to a directory on the machine's disk whose every fsync and
 // fdatasync returns D later (internal/slowdisk, mounted by a process of its
 // own; as root). Every flush still reaches the disk. With -out the report is
-// slow-disk.txt, not latest.txt.
+// slow-disk-D.txt (slow-disk-1ms.txt), not latest.txt.
 //
 //	capacity [-holders 10000] [-names 100] [-ttl 15s] [-duration 60s] [-procs 4]
 //	         [-conns 16] [-phases pg-per-lease,pg-sessions,etcd-1,etcd-3]
@@ -107,7 +107,7 @@ func main() {
 	flag.IntVar(&cfg.satClients, "sat-clients", defaultSatClients, "clients of the saturation measurements (with -out, a count other than 16 names the report: latest-64-clients.txt)")
 	flag.DurationVar(&cfg.satTime, "sat-time", 5*time.Second, "time per saturation measurement")
 	flag.IntVar(&cfg.satRounds, "sat-rounds", 3, "rounds of the two saturation measurements (upserts, renewals), alternating")
-	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt (slow-disk.txt with -slow-disk, see -sat-clients); written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
+	flag.StringVar(&cfg.out, "out", "", "directory for latest.txt (slow-disk-D.txt with -slow-disk D, see -sat-clients); written only by a run at full scale (>= 1,000,000 leases, >= 60 s)")
 	flag.Func("slow-disk", "put the servers' data directories on a FUSE passthrough whose every fsync waits this much longer (e.g. 2ms; 0: the passthrough alone); needs root and /dev/fuse", func(v string) error {
 		d, err := time.ParseDuration(v)
 		if err != nil {

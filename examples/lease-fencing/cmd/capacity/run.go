@@ -122,13 +122,14 @@ func (r runResult) valid() bool {
 const defaultSatClients = 16
 
 // reportName is the file a full-scale run writes its report to in -out:
-// latest.txt, slow-disk.txt with -slow-disk, and either with -sat-clients
-// N other than the default named for it (slow-disk-64-clients.txt), so
-// runs that measure saturation differently never overwrite each other.
+// latest.txt, slow-disk-D.txt with -slow-disk D (slow-disk-1ms.txt), and
+// either with -sat-clients N other than the default named for it
+// (slow-disk-1ms-64-clients.txt), so runs that measure differently never
+// overwrite each other.
 func (c *config) reportName() string {
 	name := "latest"
 	if c.slowDisk != nil {
-		name = "slow-disk"
+		name = "slow-disk-" + c.slowDisk.String()
 	}
 	if c.satClients != defaultSatClients {
 		name += fmt.Sprintf("-%d-clients", c.satClients)
