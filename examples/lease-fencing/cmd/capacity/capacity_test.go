@@ -26,18 +26,49 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// TestCapacitySmall runs every phase at a tiny scale (8 holders × 10
-// names, TTL 3 s, a 4 s window, two holder processes), so the benchmark
-// cannot rot: every phase must keep all its names, renew, measure both
-// saturations and print its RATIO line. It checks no figure's size.
+// TestCapacitySmall runs every phase at a tiny scale (see runSmall).
 func TestCapacitySmall(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts PostgreSQL and etcd servers")
 	}
+	runSmall(t, allPhases, nil)
+}
+
+// TestCapacitySlowDisk runs the PostgreSQL holder-session and one-member
+// etcd phases at TestCapacitySmall's scale on a slow disk: the servers run
+// with their data on it, and the run unmounts it and puts TMPDIR back.
+func TestCapacitySlowDisk(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and etcd servers")
+	}
+	skipWithoutFUSE(t)
+	// Not under t.TempDir(): PostgreSQL, running as postgres, must reach
+	// its data directory on the mount.
+	tmp := os.TempDir()
+	delay := time.Millisecond
+	report := runSmall(t, []string{"pg-sessions", "etcd-1"}, &delay)
+	if !strings.Contains(report, "# A SLOWER DISK") || !strings.Contains(report, "returns 1ms later") {
+		t.Errorf("the report does not say the disk was slowed by 1ms:\n%s", report)
+	}
+	if got := os.TempDir(); got != tmp {
+		t.Errorf("TMPDIR after the run: %s, want %s again", got, tmp)
+	}
+	if mounts, err := os.ReadFile("/proc/self/mounts"); err != nil || strings.Contains(string(mounts), "/capacity-slow-disk-") {
+		t.Errorf("a slow disk is still mounted after the run (%v):\n%s", err, mounts)
+	}
+}
+
+// runSmall runs phases at a tiny scale (8 holders × 10 names, TTL 3 s, a
+// 4 s window, two holder processes), on a slow disk when slowDisk is set,
+// so the benchmark cannot rot: every phase must keep all its names, renew,
+// measure both saturations and print its RATIO line. It checks no
+// figure's size, and returns the report.
+func runSmall(t *testing.T, phases []string, slowDisk *time.Duration) string {
+	t.Helper()
 	var out bytes.Buffer
 	cfg := config{holders: 8, names: 10, procs: 2, conns: 2, ttl: 3 * time.Second, duration: 4 * time.Second, setupTimeout: time.Minute,
-		phases: allPhases, satClients: 2, satTime: 300 * time.Millisecond, satRounds: 2,
-		holderArgs: []string{"-test.run=^$"}, etcdArgs: []string{"-test.run=^$"},
+		phases: phases, satClients: 2, satTime: 300 * time.Millisecond, satRounds: 2, slowDisk: slowDisk,
+		holderArgs: []string{"-test.run=^$"}, etcdArgs: []string{"-test.run=^$"}, slowDiskArgs: []string{"-test.run=^$"},
 		stdout: &out, progress: io.Discard}
 	if testing.Verbose() {
 		cfg.progress = os.Stderr
@@ -70,6 +101,7 @@ func TestCapacitySmall(t *testing.T) {
 	if !strings.Contains(report, "MISSED_LOCAL_DEADLINES 0\n") {
 		t.Error("missed local deadlines, or no MISSED_LOCAL_DEADLINES line")
 	}
+	return report
 }
 
 func TestConfigCheck(t *testing.T) {
@@ -103,14 +135,7 @@ func TestConfigCheck(t *testing.T) {
 // TestSlowDisk: -slow-disk's process mounts a directory whose flushes wait
 // the delay, and stop unmounts it and removes its directories.
 func TestSlowDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a FUSE file system needs root")
-	}
-	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
-		t.Skip(err)
-	} else {
-		f.Close()
-	}
+	skipWithoutFUSE(t)
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -177,4 +202,17 @@ func TestSlowDiskProcessFails(t *testing.T) {
 	if left, _ := os.ReadDir(os.TempDir()); len(left) != 0 {
 		t.Errorf("left behind in TMPDIR: %v", left)
 	}
+}
+
+// skipWithoutFUSE skips the test where a slow disk cannot be mounted.
+func skipWithoutFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("mounting a FUSE file system needs root")
+	}
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		t.Skip(err)
+	}
+	f.Close()
 }

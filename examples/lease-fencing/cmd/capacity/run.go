@@ -175,23 +175,11 @@ func run(ctx context.Context, cfg config) (runResult, error) {
 	if cfg.slowDisk != nil {
 		fmt.Fprintf(w, "# A SLOWER DISK: every server's data directory on a FUSE passthrough (internal/slowdisk) to the machine's disk\n")
 		fmt.Fprintf(w, "# whose every fsync and fdatasync returns %v later than the disk's own (each flush still reaches the disk)\n", *cfg.slowDisk)
-		disk, err := startSlowDisk(ctx, cfg.exe, cfg.slowDiskArgs, *cfg.slowDisk)
+		undo, err := useSlowDisk(ctx, cfg, say)
 		if err != nil {
 			return runResult{}, err
 		}
-		say("slow disk mounted at %s (fsync +%v); the servers' data go there", disk.mount, *cfg.slowDisk)
-		tmp, had := os.LookupEnv("TMPDIR")
-		os.Setenv("TMPDIR", disk.mount)
-		defer func() {
-			if had {
-				os.Setenv("TMPDIR", tmp)
-			} else {
-				os.Unsetenv("TMPDIR")
-			}
-			if err := disk.stop(); err != nil {
-				say("%v", err)
-			}
-		}()
+		defer undo()
 	}
 	if !cfg.fullScale() {
 		fmt.Fprintf(w, "# REDUCED SCALE: not the 1,000,000 leases, TTL 15s, >= 60s of a full-scale run\n")

@@ -103,6 +103,29 @@ func startSlowDisk(ctx context.Context, exe string, args []string, delay time.Du
 	return nil, errors.Join(err, <-d.done)
 }
 
+// useSlowDisk mounts -slow-disk's disk and points TMPDIR at it, where
+// pgtemp and etcdtemp make the servers' directories; undo puts TMPDIR back
+// and unmounts the disk (the servers have stopped by then).
+func useSlowDisk(ctx context.Context, cfg config, say func(string, ...any)) (undo func(), err error) {
+	disk, err := startSlowDisk(ctx, cfg.exe, cfg.slowDiskArgs, *cfg.slowDisk)
+	if err != nil {
+		return nil, err
+	}
+	say("slow disk mounted at %s (fsync +%v); the servers' data go there", disk.mount, *cfg.slowDisk)
+	tmp, had := os.LookupEnv("TMPDIR")
+	os.Setenv("TMPDIR", disk.mount)
+	return func() {
+		if had {
+			os.Setenv("TMPDIR", tmp)
+		} else {
+			os.Unsetenv("TMPDIR")
+		}
+		if err := disk.stop(); err != nil {
+			say("%v", err)
+		}
+	}, nil
+}
+
 // stop unmounts the disk (closing the process's stdin tells it to) and
 // removes its directories.
 func (d *slowDisk) stop() error {
