@@ -367,27 +367,28 @@ func (f *Fence) commit(ctx context.Context, op string, c leasecore.Claim, t Txn,
 		if err != nil {
 			return leasecore.Result{}, nil, err
 		}
-		if floor > c.Token {
-			res := leasecore.Result{Floor: floor}
-			err := f.rejected(ctx, op, c, attempt(), record(false, floor))
-			f.report(op, c, res, err)
-			return res, nil, err
+		res := leasecore.Result{Floor: floor}
+		if floor <= c.Token {
+			if advanced {
+				// The floor was at least c.Token after our advance and
+				// only an advance writes it: someone wrote it outside the
+				// fence.
+				return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
+					"key %q was written outside the fence: %w", pkg, op, c.Scope, floor, c.Token, floorKey, leasecore.ErrConfig)
+			}
+			// Absent or below: raise it and send the guarded transaction
+			// again, unless a larger token raised it first (the advance's
+			// compare rejects the claim then, with that floor).
+			if res, err = f.advance(ctx, op, c); err != nil {
+				return leasecore.Result{}, nil, err
+			}
+			if res.Accepted {
+				continue
+			}
 		}
-		if advanced {
-			// The floor was at least c.Token after our advance and only
-			// an advance writes it: someone wrote it outside the fence.
-			return leasecore.Result{}, nil, fmt.Errorf("%s: %s: the floor of scope %q is %d right after it was advanced to %d: "+
-				"key %q was written outside the fence: %w", pkg, op, c.Scope, floor, c.Token, floorKey, leasecore.ErrConfig)
-		}
-		res, err := f.advance(ctx, op, c)
-		if err != nil {
-			return leasecore.Result{}, nil, err
-		}
-		if !res.Accepted {
-			err := f.rejected(ctx, op, c, attempt(), record(false, res.Floor))
-			f.report(op, c, res, err)
-			return res, nil, err
-		}
+		err = f.rejected(ctx, op, c, attempt(), record(false, res.Floor))
+		f.report(op, c, res, err)
+		return res, nil, err
 	}
 }
 

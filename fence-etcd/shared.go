@@ -568,9 +568,7 @@ func (s *LeaseStore) Close() error {
 		return nil
 	}
 	s.closed = true
-	if s.closing != nil {
-		close(s.closing) // ends AcquireQueued's and WaitFree's waits
-	}
+	close(s.closing) // ends AcquireQueued's and WaitFree's waits
 	var ids []clientv3.LeaseID
 	for _, sl := range s.pool {
 		if sl.id != 0 {

@@ -1,10 +1,6 @@
 package main
 
-import (
-	"testing"
-
-	"github.com/jackc/pgx/v5"
-)
+import "testing"
 
 // TestLimitGuardAborts: pipeline_limit_guard's check aborts its pipeline,
 // so the write behind it does not commit, when the floor differs from the
@@ -42,10 +38,7 @@ func TestLimitGuardAborts(t *testing.T) {
 		{"floor below the token", "bench-limit-tx", 2, false},
 		{"no floor row", "bench-limit-none", 1, false},
 	} {
-		b := &pgx.Batch{}
-		b.Queue(limitGuard, c.scope, c.token)
-		b.Queue(plainUpsert, c.scope, "summary", content, "holder-a", c.token)
-		err := e.resPool.SendBatch(ctx, b).Close()
+		err := limitPipeline(ctx, e.resPool, c.scope, "summary", limitGuard, c.token)
 		if got := err == nil; got != c.accepted || written(c.scope) != c.accepted {
 			t.Errorf("%s: pipeline error %v, part written %v; want accepted %v", c.name, err, written(c.scope), c.accepted)
 		}

@@ -319,17 +319,13 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		// pipeline_limit is SendBatch's pipeline with limitRead where the
 		// check goes: one round trip, one implicit transaction.
 		{name: "pipeline_limit", perOp: 1, op: func() error {
-			return limitPipeline(ctx, e.resPool, "bench-limit-pipeline", "summary")
+			return limitPipeline(ctx, e.resPool, "bench-limit-pipeline", "summary", limitRead)
 		}},
 		// pipeline_limit_guard is pipeline_limit with limitGuard where
 		// limitRead was: the least a check that can abort the pipeline
 		// costs.
 		{name: "pipeline_limit_guard", perOp: 1, op: func() error {
-			b := &pgx.Batch{}
-			var floor int64
-			b.Queue(limitGuard, "bench-limit-guard", int64(1)).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
-			b.Queue(plainUpsert, "bench-limit-guard", "summary", content, "holder-a", 1)
-			return e.resPool.SendBatch(ctx, b).Close()
+			return limitPipeline(ctx, e.resPool, "bench-limit-guard", "summary", limitGuard, int64(1))
 		}},
 		{name: "fenced_write", perOp: 1, op: func() error {
 			return mustAccept(e.res.Write(ctx, fenced))
@@ -338,7 +334,7 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		// limitRead, in one pipeline: one round trip and one commit, as
 		// Resource.Write (which folds both into one statement).
 		{name: "fenced_write_limit", perOp: 1, op: func() error {
-			return limitPipeline(ctx, e.resPool, "bench-limit-write", "summary")
+			return limitPipeline(ctx, e.resPool, "bench-limit-write", "summary", limitRead)
 		}},
 		{name: "article_txn_fence", perOp: 1, op: func() error {
 			return articleFence(ctx, e.resPool)
@@ -376,7 +372,7 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 		// each client its own scope, one statement more per write.
 		{name: "limit_8_scopes_8_clients", perOp: 1, parallel: func(b *testing.B) {
 			parallel(b, func(id int) error {
-				return limitPipeline(ctx, e.par, fmt.Sprintf("bench-limit-scope-%d", id), "summary")
+				return limitPipeline(ctx, e.par, fmt.Sprintf("bench-limit-scope-%d", id), "summary", limitRead)
 			})
 		}},
 		{name: "unfenced_64_clients", perOp: 1, parallel: func(b *testing.B) {
@@ -412,13 +408,16 @@ func (e *pgEnv) pgVariants(ctx context.Context) ([]variant, error) {
 	}, nil
 }
 
-// limitPipeline sends limitRead for scope and then the baseline's upsert of
-// part of scope as one pipeline on pool: one round trip, one implicit
-// transaction, one durable commit. Scope must have a limit_floor row.
-func limitPipeline(ctx context.Context, pool *pgxpool.Pool, scope, part string) error {
+// limitPipeline sends check (limitRead, or limitGuard with the token as
+// its one extra argument) for scope and then the baseline's upsert of part
+// of scope as one pipeline on pool: one round trip, one implicit
+// transaction, one durable commit. Scope must have a limit_floor row for
+// limitRead to return one.
+func limitPipeline(ctx context.Context, pool *pgxpool.Pool, scope, part, check string, extra ...any) error {
 	b := &pgx.Batch{}
 	var floor int64
-	b.Queue(limitRead, scope).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
+	args := append(make([]any, 0, 1+len(extra)), scope) // one allocation, as Queue's own
+	b.Queue(check, append(args, extra...)...).QueryRow(func(r pgx.Row) error { return r.Scan(&floor) })
 	b.Queue(plainUpsert, scope, part, content, "holder-a", 1)
 	return pool.SendBatch(ctx, b).Close()
 }

@@ -162,8 +162,8 @@ func TestSlowDisk(t *testing.T) {
 	if err := d.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Dir(d.mount)); !os.IsNotExist(err) {
-		t.Errorf("after stop, %s: %v; want it removed", filepath.Dir(d.mount), err)
+	if _, err := os.Stat(d.top); !os.IsNotExist(err) {
+		t.Errorf("after stop, %s: %v; want it removed", d.top, err)
 	}
 }
 

@@ -27,17 +27,13 @@ const slowDiskMounted = "mounted"
 // directory and delay, separated by newlines.
 const slowDiskEnv = "LEASEFENCE_CAPACITY_SLOW_DISK"
 
-// slowDiskSpec is slowDiskEnv's value.
-func slowDiskSpec(mount, backing string, delay time.Duration) string {
-	return strings.Join([]string{mount, backing, delay.String()}, "\n")
-}
-
 // slowDisk is a mounted slow disk and the process serving it.
 type slowDisk struct {
-	mount, backing string
-	cmd            *exec.Cmd
-	stdin          io.WriteCloser
-	done           chan error
+	top   string // what startSlowDisk made: the mount point and the backing directory
+	mount string
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	done  chan error
 }
 
 // startSlowDisk mounts a slow disk with the given delay under os.TempDir()
@@ -50,13 +46,14 @@ func startSlowDisk(ctx context.Context, exe string, args []string, delay time.Du
 	if err != nil {
 		return nil, err
 	}
-	d := &slowDisk{mount: filepath.Join(top, "mount"), backing: filepath.Join(top, "backing"), done: make(chan error, 1)}
+	d := &slowDisk{top: top, mount: filepath.Join(top, "mount"), done: make(chan error, 1)}
+	backing := filepath.Join(top, "backing")
 	defer func() {
 		if err != nil {
 			os.RemoveAll(top)
 		}
 	}()
-	for _, dir := range []string{top, d.mount, d.backing} {
+	for _, dir := range []string{top, d.mount, backing} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
@@ -65,7 +62,7 @@ func startSlowDisk(ctx context.Context, exe string, args []string, delay time.Du
 		}
 	}
 	d.cmd = exec.Command(exe, args...)
-	d.cmd.Env = append(os.Environ(), slowDiskEnv+"="+slowDiskSpec(d.mount, d.backing, delay))
+	d.cmd.Env = append(os.Environ(), slowDiskEnv+"="+strings.Join([]string{d.mount, backing, delay.String()}, "\n"))
 	d.cmd.Stderr = os.Stderr
 	if d.stdin, err = d.cmd.StdinPipe(); err != nil {
 		return nil, err
@@ -140,5 +137,5 @@ func (d *slowDisk) stop() error {
 	if err != nil {
 		return fmt.Errorf("slow disk: %w", err)
 	}
-	return os.RemoveAll(filepath.Dir(d.mount))
+	return os.RemoveAll(d.top)
 }

@@ -58,17 +58,11 @@ func Mount(dir, backing string, delay time.Duration) (*Disk, error) {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Stat(backing, &st); err != nil {
+	loopback, err := fs.NewLoopbackRoot(backing)
+	if err != nil {
 		return nil, fmt.Errorf("slowdisk: backing directory: %w", err)
 	}
-	root := &fs.LoopbackRoot{Path: backing, Dev: uint64(st.Dev)}
-	root.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
-		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, delay: delay}
-	}
-	rootNode := root.NewNode(root, nil, "", &st)
-	root.RootNode = rootNode
-	server, err := fs.Mount(dir, rootNode, &fs.Options{
+	server, err := fs.Mount(dir, &node{LoopbackNode: loopback.(*fs.LoopbackNode), delay: delay}, &fs.Options{
 		MountOptions: fuse.MountOptions{
 			AllowOther:        true,
 			Options:           []string{"default_permissions"},
@@ -97,16 +91,22 @@ func (d *Disk) Unmount() error {
 	return nil
 }
 
-// node is a loopback node whose files flush slowly.
+// node is a loopback node whose files flush slowly, and whose children
+// are such nodes too (WrapChild: go-fuse wraps every node a node makes).
 type node struct {
-	fs.LoopbackNode
+	*fs.LoopbackNode
 	delay time.Duration
 }
 
 var (
-	_ fs.NodeOpener  = (*node)(nil)
-	_ fs.NodeCreater = (*node)(nil)
+	_ fs.NodeOpener      = (*node)(nil)
+	_ fs.NodeCreater     = (*node)(nil)
+	_ fs.NodeWrapChilder = (*node)(nil)
 )
+
+func (n *node) WrapChild(_ context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	return &node{LoopbackNode: ops.(*fs.LoopbackNode), delay: n.delay}
+}
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fh, fuseFlags, errno := n.LoopbackNode.Open(ctx, flags)

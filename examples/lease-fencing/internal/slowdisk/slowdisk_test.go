@@ -43,9 +43,9 @@ func syncTime(t *testing.T, f *os.File) time.Duration {
 	return time.Since(began)
 }
 
-// TestFsyncWaitsTheDelay: a file created on the mount and one opened there
-// both take at least the delay to flush, and what was written is in the
-// backing directory.
+// TestFsyncWaitsTheDelay: a file created on the mount, one opened there
+// and one created two directories down all take at least the delay to
+// flush, and what was written is in the backing directory.
 func TestFsyncWaitsTheDelay(t *testing.T) {
 	const delay = 30 * time.Millisecond
 	d, backing := mount(t, delay)
@@ -70,6 +70,19 @@ func TestFsyncWaitsTheDelay(t *testing.T) {
 	}
 	if got, err := os.ReadFile(filepath.Join(backing, "wal")); err != nil || string(got) != "xx" {
 		t.Errorf("backing file: %q, %v; want \"xx\"", got, err)
+	}
+	// Deeper down too (PostgreSQL's WAL is in data/pg_wal).
+	sub := filepath.Join(d.Dir(), "data", "pg_wal")
+	if err := os.MkdirAll(sub, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	nested, err := os.Create(filepath.Join(sub, "segment"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nested.Close()
+	if took := syncTime(t, nested); took < delay {
+		t.Errorf("fsync of a file two directories down took %v, want at least %v", took, delay)
 	}
 }
 
